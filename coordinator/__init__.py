@@ -1,0 +1,1 @@
+"""percolake coordinator: timestamp oracle, state machine, durable store, gRPC service."""

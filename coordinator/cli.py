@@ -1,0 +1,140 @@
+"""Command line: ``percolake-coordinator`` / ``python -m coordinator``.
+
+Commands:
+  serve           run the coordinator daemon
+  reset-pipeline  start a new generation of a pipeline (after its checkpoint was replaced)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from coordinator.core import CoordinatorConfig
+
+DEFAULT_PORT = 50051
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="percolake-coordinator",
+        description="percolake coordinator: atomic, exactly-once multi-table Delta Lake "
+        "transactions for Spark Structured Streaming.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve", help="run the coordinator daemon",
+        description="Run the coordinator daemon. It serves percolake.v1.Coordinator, gRPC "
+        "health and server reflection (so grpcurl can list and call it), keeps its records in "
+        "SQLite under --data-dir, and shuts down gracefully on SIGTERM or SIGINT.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (0.0.0.0 for every interface)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT,
+                       help="TCP port to listen on; 0 picks a free port (see --port-file)")
+    serve.add_argument("--data-dir", required=True,
+                       help="folder of the durable store (created if missing); keep it on "
+                       "durable local disk: it holds every commit decision")
+    serve.add_argument("--warehouse", action="append", required=True, metavar="ROOT",
+                       help="a folder under which Delta tables may live; repeat for several. "
+                       "Tables outside every root are refused with PERMISSION_DENIED")
+    serve.add_argument("--txn-timeout", type=_positive(float), default=120.0, metavar="SECONDS",
+                       help="an OPEN or PREWRITTEN transaction with no heartbeat for this long "
+                       "is aborted and its files deleted")
+    serve.add_argument("--conflict-wait", type=_positive(float), default=10.0, metavar="SECONDS",
+                       help="how long a write waits for a table held by another live "
+                       "transaction before failing with ABORTED naming the holder")
+    serve.add_argument("--snapshot-wait", type=_positive(float), default=30.0, metavar="SECONDS",
+                       help="how long GetSnapshot may spend rolling committed writes forward "
+                       "before it fails with DEADLINE_EXCEEDED")
+    serve.add_argument("--roll-forward-after", type=_positive(float), default=10.0,
+                       metavar="SECONDS",
+                       help="a committed write whose participant has not applied it after this "
+                       "long is applied by the coordinator itself")
+    serve.add_argument("--max-intent-bytes", type=_positive(int), default=16 * 1024 * 1024,
+                       help="largest write intent of one table; larger ones are refused with "
+                       "RESOURCE_EXHAUSTED, never truncated")
+    serve.add_argument("--max-message-bytes", type=_positive(int), default=64 * 1024 * 1024,
+                       help="largest gRPC message accepted")
+    serve.add_argument("--max-workers", type=_positive(int), default=32,
+                       help="threads serving RPCs")
+    serve.add_argument("--shutdown-grace", type=_positive(float), default=10.0,
+                       metavar="SECONDS", help="time in-flight RPCs get to finish on shutdown")
+    serve.add_argument("--port-file", metavar="PATH",
+                       help="write the bound port to this file once serving (for --port 0)")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"], help="log verbosity")
+    serve.add_argument("--log-format", default="json", choices=["json", "text"],
+                       help="json: one structured object per line on stderr")
+
+    reset = commands.add_parser(
+        "reset-pipeline", help="start a new generation of a pipeline",
+        description="Start a new generation of a pipeline whose streaming checkpoint was "
+        "deleted or replaced. Live attempts of the old generation are aborted, old drivers are "
+        "fenced, committed data is never touched, and the history stays readable.")
+    reset.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}",
+                       help="coordinator address HOST:PORT")
+    reset.add_argument("--pipeline", required=True, help="the pipeline id")
+    reset.add_argument("--reason", required=True, help="why; recorded with the reset")
+    reset.add_argument("--generation", type=int,
+                       help="reset only if this is the current generation (compare-and-set); "
+                       "repeating a succeeded request then changes nothing")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from coordinator import logs
+    from coordinator.server import ServerOptions, serve_forever
+
+    logs.configure(args.log_level, args.log_format)
+    config = CoordinatorConfig(
+        warehouse_roots=args.warehouse, txn_timeout_s=args.txn_timeout,
+        conflict_wait_s=args.conflict_wait, snapshot_wait_s=args.snapshot_wait,
+        roll_forward_after_s=args.roll_forward_after, max_intent_bytes=args.max_intent_bytes,
+    )
+    options = ServerOptions(host=args.host, port=args.port, max_workers=args.max_workers,
+                            max_message_bytes=args.max_message_bytes,
+                            shutdown_grace_s=args.shutdown_grace)
+    return serve_forever(args.data_dir, config, options, args.port_file)
+
+
+def _reset(args: argparse.Namespace) -> int:
+    import grpc
+
+    from percolake.v1 import coordinator_pb2 as pb
+    from percolake.v1 import coordinator_pb2_grpc as pb_grpc
+
+    request = pb.ResetPipelineRequest(pipeline_id=args.pipeline, reason=args.reason)
+    if args.generation is not None:
+        request.expected_generation = args.generation
+    with grpc.insecure_channel(args.target) as channel:
+        try:
+            reply = pb_grpc.CoordinatorStub(channel).ResetPipeline(request, timeout=30)
+        except grpc.RpcError as exc:
+            print(f"reset-pipeline failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    print(json.dumps({
+        "pipeline": reply.pipeline.pipeline_id, "generation": reply.pipeline.generation,
+        "epoch": reply.pipeline.epoch, "changed": reply.changed,
+        "aborted_txn_ids": list(reply.aborted_txn_ids),
+    }))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return _reset(args)

@@ -1,0 +1,129 @@
+"""Conversion between protobuf messages and the coordinator's records. No logic here."""
+
+from __future__ import annotations
+
+from coordinator.errors import InvalidArgument
+from coordinator.records import (
+    AddFileRecord,
+    PipelineRecord,
+    TableEntry,
+    TableWriteRecord,
+    TxnRecord,
+    WriteMode,
+)
+from coordinator.states import TxnState
+from percolake.v1 import coordinator_pb2 as pb
+
+_MODE_TO_PB = {
+    WriteMode.APPEND: pb.APPEND,
+    WriteMode.OVERWRITE: pb.OVERWRITE,
+    WriteMode.OVERWRITE_PARTITIONS: pb.OVERWRITE_PARTITIONS,
+}
+_MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
+_MODE_FROM_PB[pb.WRITE_MODE_UNSPECIFIED] = WriteMode.APPEND
+_STATE_TO_PB = {s: pb.TransactionState.Value(s.value) for s in TxnState}
+_STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
+
+
+def state_to_pb(state: TxnState) -> int:
+    return _STATE_TO_PB[state]
+
+
+def state_from_pb(value: int) -> TxnState:
+    if value not in _STATE_FROM_PB:
+        raise InvalidArgument(f"unknown transaction state {value}")
+    return _STATE_FROM_PB[value]
+
+
+def _partition_values(values: dict[str, str], nulls: list[str]) -> dict[str, str | None]:
+    overlap = set(values) & set(nulls)
+    if overlap:
+        raise InvalidArgument(f"partition columns {sorted(overlap)} are both null and valued")
+    return {**dict(values), **{c: None for c in nulls}}
+
+
+def _partition_fields(values: dict[str, str | None]) -> tuple[dict[str, str], list[str]]:
+    return ({k: v for k, v in values.items() if v is not None},
+            sorted(k for k, v in values.items() if v is None))
+
+
+def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
+    if msg.mode not in _MODE_FROM_PB:
+        raise InvalidArgument(f"table {msg.table}: unknown write mode {msg.mode}")
+    return TableWriteRecord(
+        table=msg.table,
+        mode=_MODE_FROM_PB[msg.mode],
+        add_files=tuple(
+            AddFileRecord(
+                path=f.path, size=f.size,
+                partition_values=_partition_values(dict(f.partition_values),
+                                                   list(f.null_partition_columns)),
+                modification_time=f.modification_time, stats=f.stats,
+            )
+            for f in msg.add_files
+        ),
+        schema_json=msg.schema_json,
+        partition_by=tuple(msg.partition_by),
+        replace_partitions=tuple(_partition_values(dict(p.values), list(p.null_columns))
+                                 for p in msg.replace_partitions),
+    )
+
+
+def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
+    msg = pb.TableWrite(table=write.table, mode=_MODE_TO_PB[write.mode],
+                        schema_json=write.schema_json, partition_by=list(write.partition_by))
+    for f in write.add_files:
+        values, nulls = _partition_fields(f.partition_values)
+        msg.add_files.add(path=f.path, size=f.size, partition_values=values,
+                          null_partition_columns=nulls, modification_time=f.modification_time,
+                          stats=f.stats)
+    for spec in write.replace_partitions:
+        values, nulls = _partition_fields(spec)
+        msg.replace_partitions.add(values=values, null_columns=nulls)
+    return msg
+
+
+def _participant_to_pb(entry: TableEntry, include_writes: bool) -> pb.TableParticipant:
+    msg = pb.TableParticipant(table=entry.table, write_location=entry.write_location,
+                              prewritten=entry.prewritten, applied=entry.applied,
+                              delta_version=entry.delta_version or 0)
+    if entry.write is not None:
+        msg.mode = _MODE_TO_PB[entry.write.mode]
+        msg.file_count = len(entry.write.add_files)
+        msg.row_count = entry.write.row_count()
+        if include_writes:
+            msg.write.CopyFrom(table_write_to_pb(entry.write))
+    return msg
+
+
+def txn_to_pb(txn: TxnRecord, include_writes: bool = False) -> pb.Transaction:
+    return pb.Transaction(
+        txn_id=txn.txn_id, pipeline_id=txn.pipeline_id, generation=txn.generation,
+        batch_id=txn.batch_id, attempt=txn.attempt, state=_STATE_TO_PB[txn.state],
+        start_ts=txn.start_ts, commit_ts=txn.commit_ts,
+        participants=[_participant_to_pb(e, include_writes) for e in txn.tables.values()],
+        epoch=txn.epoch, abort_reason=txn.abort_reason, created_unix_ms=txn.created_ms,
+        updated_unix_ms=txn.updated_ms, query_id=txn.query_id,
+    )
+
+
+def locations_to_pb(txn: TxnRecord) -> list[pb.TableLocation]:
+    return [pb.TableLocation(table=e.table, write_location=e.write_location)
+            for e in txn.tables.values()]
+
+
+def pipeline_to_pb(pipeline: PipelineRecord) -> pb.Pipeline:
+    return pb.Pipeline(
+        pipeline_id=pipeline.pipeline_id, generation=pipeline.generation, epoch=pipeline.epoch,
+        query_id=pipeline.query_id, created_unix_ms=pipeline.created_ms,
+        last_commit_unix_ms=pipeline.last_commit_ms,
+        resets=[pb.PipelineReset(from_generation=r.from_generation,
+                                 to_generation=r.to_generation, reason=r.reason,
+                                 reset_unix_ms=r.reset_ms, previous_query_id=r.previous_query_id)
+                for r in pipeline.resets],
+    )
+
+
+def optional(msg, field: str):  # noqa: ANN001, ANN201 - any message, any scalar
+    """The value of an ``optional`` proto3 field, or None when absent."""
+    return getattr(msg, field) if msg.HasField(field) else None

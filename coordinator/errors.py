@@ -1,0 +1,67 @@
+"""Expected protocol errors, as values with a clear name.
+
+Each maps to one gRPC status in ``coordinator/status_codes.py``. A broken invariant is not one of
+these: it raises AssertionError (or IllegalTransition) and is loud.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """An expected, named refusal: the request changed nothing (unless said otherwise)."""
+
+
+class InvalidArgument(ProtocolError):
+    pass
+
+
+class NotFound(ProtocolError):
+    pass
+
+
+class AlreadyExists(ProtocolError):
+    pass
+
+
+class FailedPrecondition(ProtocolError):
+    pass
+
+
+class Fenced(FailedPrecondition):
+    """The request carries an epoch older than the pipeline's current one (a zombie driver)."""
+
+
+class QueryIdMismatch(FailedPrecondition):
+    """The pipeline is bound to another Spark query id: the checkpoint was deleted or replaced."""
+
+
+class Conflict(ProtocolError):
+    """Write-write conflict: the table is held by another live transaction."""
+
+
+class TransactionAborted(ProtocolError):
+    """The transaction was aborted (by timeout, a newer attempt, or a request)."""
+
+
+class PermissionDenied(ProtocolError):
+    pass
+
+
+class ResourceExhausted(ProtocolError):
+    pass
+
+
+class Unavailable(ProtocolError):
+    """Retry later: e.g. a roll-forward could not finish within the reader's wait."""
+
+
+class DeadlineExceeded(ProtocolError):
+    pass
+
+
+class StoreConflict(Exception):
+    """A compare-and-set update matched no row: the commit failed, re-read and retry."""
+
+
+class CommitStateUnknown(Exception):
+    """The store may or may not have made a write durable: never guess, re-read."""

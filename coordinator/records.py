@@ -1,0 +1,202 @@
+"""Plain records the coordinator stores: pipelines, transactions and their table writes.
+
+These are the durable state. They carry no behaviour beyond (de)serialisation, so the store,
+the core, the Delta applier and the gRPC codec all speak the same types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.states import TxnState
+
+
+class WriteMode(enum.Enum):
+    APPEND = "append"
+    OVERWRITE = "overwrite"
+    OVERWRITE_PARTITIONS = "overwrite_partitions"
+
+
+PartitionValues = dict[str, "str | None"]
+
+
+@dataclass(frozen=True)
+class AddFileRecord:
+    """One data file of a Delta add action; ``path`` is relative to the table root."""
+
+    path: str
+    size: int
+    partition_values: PartitionValues = field(default_factory=dict)
+    modification_time: int = 0
+    stats: str = ""
+
+    def row_count(self) -> int:
+        if not self.stats:
+            return 0
+        return int(json.loads(self.stats).get("numRecords", 0))
+
+
+@dataclass(frozen=True)
+class TableWriteRecord:
+    """The full write intent of one table: enough to finish its Delta commit alone."""
+
+    table: str
+    mode: WriteMode
+    add_files: tuple[AddFileRecord, ...]
+    schema_json: str
+    partition_by: tuple[str, ...] = ()
+    replace_partitions: tuple[PartitionValues, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "mode": self.mode.value,
+            "add_files": [dataclasses.asdict(f) for f in self.add_files],
+            "schema_json": self.schema_json,
+            "partition_by": list(self.partition_by),
+            "replace_partitions": [dict(p) for p in self.replace_partitions],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TableWriteRecord:
+        return cls(
+            table=data["table"],
+            mode=WriteMode(data["mode"]),
+            add_files=tuple(AddFileRecord(**f) for f in data["add_files"]),
+            schema_json=data["schema_json"],
+            partition_by=tuple(data["partition_by"]),
+            replace_partitions=tuple(dict(p) for p in data["replace_partitions"]),
+        )
+
+    def row_count(self) -> int:
+        return sum(f.row_count() for f in self.add_files)
+
+
+@dataclass
+class TableEntry:
+    """A table taking part in a transaction: declared, then prewritten, then applied."""
+
+    table: str
+    write_location: str
+    write: TableWriteRecord | None = None
+    delta_version: int | None = None
+
+    @property
+    def prewritten(self) -> bool:
+        return self.write is not None
+
+    @property
+    def applied(self) -> bool:
+        return self.delta_version is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "write_location": self.write_location,
+            "write": self.write.to_json() if self.write else None,
+            "delta_version": self.delta_version,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TableEntry:
+        write = data.get("write")
+        return cls(
+            table=data["table"],
+            write_location=data["write_location"],
+            write=TableWriteRecord.from_json(write) if write else None,
+            delta_version=data.get("delta_version"),
+        )
+
+
+@dataclass
+class TxnRecord:
+    """One attempt of the logical transaction (pipeline_id, generation, batch_id)."""
+
+    txn_id: str
+    pipeline_id: str
+    generation: int
+    batch_id: int
+    attempt: int
+    epoch: int
+    query_id: str
+    state: TxnState
+    start_ts: int
+    commit_ts: int = 0
+    tables: dict[str, TableEntry] = field(default_factory=dict)
+    abort_reason: str = ""
+    created_ms: int = 0
+    updated_ms: int = 0
+    row_version: int = 0  # bumped by every durable update; the store's compare-and-set key
+
+    def copy(self) -> TxnRecord:
+        return TxnRecord.from_row(self.to_row())
+
+    def tables_json(self) -> str:
+        return json.dumps([t.to_json() for t in self.tables.values()], separators=(",", ":"))
+
+    def to_row(self) -> dict[str, Any]:
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "tables"}
+        row["state"] = self.state.value
+        row["tables"] = self.tables_json()
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TxnRecord:
+        values = dict(row)
+        values["state"] = TxnState(values["state"])
+        entries = [TableEntry.from_json(t) for t in json.loads(values.pop("tables") or "[]")]
+        return cls(**values, tables={e.table: e for e in entries})
+
+
+@dataclass
+class ResetRecord:
+    from_generation: int
+    to_generation: int
+    reason: str
+    reset_ms: int
+    previous_query_id: str
+    expected_generation: int | None = None
+
+
+@dataclass
+class PipelineRecord:
+    """A streaming query's identity: generation, the newest epoch and the bound query id."""
+
+    pipeline_id: str
+    generation: int = 0
+    epoch: int = 0
+    query_id: str = ""
+    created_ms: int = 0
+    last_commit_ms: int = 0
+    resets: list[ResetRecord] = field(default_factory=list)
+    row_version: int = 0
+
+    def copy(self) -> PipelineRecord:
+        return PipelineRecord.from_row(self.to_row())
+
+    @property
+    def fenced_or_bound(self) -> bool:
+        """True once a driver registered with an epoch or the pipeline bound a query id."""
+        return self.epoch > 0 or bool(self.query_id)
+
+    def to_row(self) -> dict[str, Any]:
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "resets"}
+        row["resets"] = json.dumps([dataclasses.asdict(r) for r in self.resets])
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> PipelineRecord:
+        values = dict(row)
+        resets = [ResetRecord(**r) for r in json.loads(values.pop("resets") or "[]")]
+        return cls(**values, resets=resets)
+
+
+def delta_app_id(pipeline_id: str, generation: int) -> str:
+    """The Delta app transaction id of a pipeline generation; its version is the batch id."""
+    return f"percolake:{pipeline_id}:g{generation}"

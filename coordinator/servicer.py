@@ -1,0 +1,177 @@
+"""The gRPC servicer: decode the request, call the core, encode the reply. Nothing else."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from coordinator import codec
+from coordinator.codec import optional
+from coordinator.core import TransactionCoordinator
+from coordinator.errors import InvalidArgument, ProtocolError
+from coordinator.status_codes import status_for
+from coordinator.store.base import TxnQuery
+from percolake.v1 import coordinator_pb2 as pb
+from percolake.v1 import coordinator_pb2_grpc as pb_grpc
+
+log = logging.getLogger("percolake.rpc")
+F = TypeVar("F", bound=Callable[..., Any])
+MAX_PAGE_SIZE = 1000
+
+
+def rpc(method: F) -> F:
+    """Turns errors into gRPC statuses; an unexpected error is a bug, logged with its trace."""
+
+    @functools.wraps(method)
+    def handler(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except ProtocolError as exc:
+            log.info("refused", extra={"rpc": method.__name__, "error": type(exc).__name__,
+                                       "detail": str(exc)})
+            context.abort(status_for(exc), str(exc))
+        except Exception as exc:  # a broken invariant or a bug: loud, never silent
+            if isinstance(exc, grpc.RpcError):
+                raise
+            code = status_for(exc)
+            log.exception("rpc failed", extra={"rpc": method.__name__})
+            context.abort(code, f"{type(exc).__name__}: {exc}")
+
+    return handler  # type: ignore[return-value]
+
+
+def _page_token(start_ts: int) -> str:
+    return base64.urlsafe_b64encode(f"ts:{start_ts}".encode()).decode()
+
+
+def _after_start_ts(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        kind, value = base64.urlsafe_b64decode(token.encode()).decode().split(":")
+        assert kind == "ts"
+        return int(value)
+    except Exception:
+        raise InvalidArgument("page_token is not one this service returned") from None
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    def __init__(self, core: TransactionCoordinator) -> None:
+        self.core = core
+
+    @rpc
+    def RegisterPipeline(self, request, context):  # noqa: N802
+        pipeline = self.core.register_pipeline(request.pipeline_id, optional(request, "query_id"))
+        return pb.RegisterPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline),
+                                           epoch=pipeline.epoch, generation=pipeline.generation)
+
+    @rpc
+    def OpenTransaction(self, request, context):  # noqa: N802
+        txn, committed = self.core.open_transaction(
+            request.pipeline_id, request.batch_id, optional(request, "epoch"),
+            optional(request, "query_id"), list(request.tables), request.timeout_ms)
+        return pb.OpenTransactionResponse(transaction=codec.txn_to_pb(txn),
+                                          already_committed=committed,
+                                          locations=codec.locations_to_pb(txn))
+
+    @rpc
+    def DeclareTables(self, request, context):  # noqa: N802
+        if not request.tables:
+            raise InvalidArgument("declare at least one table")
+        txn = self.core.declare_tables(request.txn_id, optional(request, "epoch"),
+                                       list(request.tables))
+        return pb.DeclareTablesResponse(transaction=codec.txn_to_pb(txn),
+                                        locations=codec.locations_to_pb(txn))
+
+    @rpc
+    def Prewrite(self, request, context):  # noqa: N802
+        writes = [codec.table_write_from_pb(w) for w in request.writes]
+        txn = self.core.prewrite(request.txn_id, optional(request, "epoch"), writes)
+        return pb.PrewriteResponse(transaction=codec.txn_to_pb(txn))
+
+    @rpc
+    def CommitTransaction(self, request, context):  # noqa: N802
+        writes = [codec.table_write_from_pb(w) for w in request.writes]
+        txn = self.core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
+                               writes)
+        return pb.CommitTransactionResponse(transaction=codec.txn_to_pb(txn))
+
+    @rpc
+    def AbortTransaction(self, request, context):  # noqa: N802
+        txn = self.core.abort(request.txn_id, optional(request, "epoch"), request.reason)
+        return pb.AbortTransactionResponse(transaction=codec.txn_to_pb(txn))
+
+    @rpc
+    def ReportApplied(self, request, context):  # noqa: N802
+        versions: dict[str, int] = {}
+        for applied in request.tables:
+            if applied.table in versions:
+                raise InvalidArgument(f"table {applied.table} reported twice")
+            versions[applied.table] = applied.delta_version
+        txn = self.core.report_applied(request.txn_id, optional(request, "epoch"), versions)
+        return pb.ReportAppliedResponse(transaction=codec.txn_to_pb(txn))
+
+    @rpc
+    def Heartbeat(self, request, context):  # noqa: N802
+        state, expires_ms = self.core.heartbeat(request.txn_id, optional(request, "epoch"))
+        return pb.HeartbeatResponse(state=codec.state_to_pb(state), expires_in_ms=expires_ms)
+
+    @rpc
+    def GetTransaction(self, request, context):  # noqa: N802
+        return codec.txn_to_pb(self.core.get_transaction(request.txn_id), request.include_writes)
+
+    @rpc
+    def ListTransactions(self, request, context):  # noqa: N802
+        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size must be 0..{MAX_PAGE_SIZE}, got {request.page_size}")
+        if request.created_after_unix_ms < 0 or request.created_before_unix_ms < 0:
+            raise InvalidArgument("created_after/before_unix_ms must be >= 0")
+        limit = request.page_size or 100
+        query = TxnQuery(
+            pipeline_id=request.pipeline_id, generation=optional(request, "generation"),
+            states=tuple(codec.state_from_pb(s) for s in request.states),
+            batch_id=optional(request, "batch_id"),
+            created_after_ms=request.created_after_unix_ms,
+            created_before_ms=request.created_before_unix_ms,
+            after_start_ts=_after_start_ts(request.page_token), limit=limit + 1,
+        )
+        txns = self.core.list_transactions(query)
+        token = _page_token(txns[limit - 1].start_ts) if len(txns) > limit else ""
+        return pb.ListTransactionsResponse(
+            transactions=[codec.txn_to_pb(t) for t in txns[:limit]], next_page_token=token)
+
+    @rpc
+    def GetSnapshot(self, request, context):  # noqa: N802
+        as_of = request.WhichOneof("as_of")
+        batch = None
+        if as_of == "as_of_batch":
+            ref = request.as_of_batch
+            batch = (ref.pipeline_id, optional(ref, "generation"), ref.batch_id)
+        if request.wait_timeout_ms < 0:
+            raise InvalidArgument("wait_timeout_ms must be >= 0")
+        snapshot = self.core.get_snapshot(
+            list(request.tables), request.as_of_ts if as_of == "as_of_ts" else None, batch,
+            request.wait_timeout_ms / 1000 if request.wait_timeout_ms else None)
+        reply = pb.GetSnapshotResponse(snapshot_ts=snapshot.snapshot_ts)
+        for table in request.tables:
+            canonical = self.core.resolve_table(table)
+            version = snapshot.versions[canonical]
+            reply.tables.add(table=table, canonical_table=canonical, exists=version is not None,
+                             delta_version=version or 0)
+        return reply
+
+    @rpc
+    def GetPipeline(self, request, context):  # noqa: N802
+        return codec.pipeline_to_pb(self.core.get_pipeline(request.pipeline_id))
+
+    @rpc
+    def ResetPipeline(self, request, context):  # noqa: N802
+        pipeline, changed, aborted = self.core.reset_pipeline(
+            request.pipeline_id, request.reason, optional(request, "expected_generation"))
+        return pb.ResetPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline), changed=changed,
+                                        aborted_txn_ids=aborted)

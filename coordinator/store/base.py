@@ -1,0 +1,113 @@
+"""The storage interface every store implements (SQLite now, PostgreSQL later).
+
+Rules for implementations:
+- Updates are compare-and-set on ``row_version``, checked by row count; a mismatch raises
+  :class:`~coordinator.errors.StoreConflict` ("commit failed, re-read and retry").
+- Every write made inside ``with store.batch():`` becomes durable together, before ``batch``
+  returns (I8); a write outside a batch is its own durable batch.
+- Nothing above this interface may rely on one implementation's specifics.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass
+
+from coordinator.records import PipelineRecord, TxnRecord
+from coordinator.states import TxnState
+
+UNFINISHED_STATES = (TxnState.OPEN, TxnState.PREWRITTEN, TxnState.COMMITTED)
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """A committed transaction's write to one table, in the snapshot index."""
+
+    table: str
+    commit_ts: int
+    txn_id: str
+    delta_version: int | None
+
+
+@dataclass
+class TxnQuery:
+    """Filters of ListTransactions; results are ordered by start_ts."""
+
+    pipeline_id: str = ""
+    generation: int | None = None
+    states: tuple[TxnState, ...] = ()
+    batch_id: int | None = None
+    created_after_ms: int = 0
+    created_before_ms: int = 0
+    after_start_ts: int = 0
+    limit: int = 100
+
+
+class Store(abc.ABC):
+    """Durable records of pipelines, transactions, the snapshot index and the oracle."""
+
+    @abc.abstractmethod
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """All writes inside become durable together when the block ends without error."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # timestamp oracle
+    @abc.abstractmethod
+    def read_timestamp_high_water(self) -> int: ...
+
+    @abc.abstractmethod
+    def write_timestamp_high_water(self, value: int) -> None:
+        """Durably records that no timestamp at or above ``value`` was handed out."""
+
+    # pipelines
+    @abc.abstractmethod
+    def load_pipelines(self) -> list[PipelineRecord]: ...
+
+    @abc.abstractmethod
+    def insert_pipeline(self, record: PipelineRecord) -> None:
+        """Raises StoreConflict if the pipeline exists."""
+
+    @abc.abstractmethod
+    def update_pipeline(self, record: PipelineRecord) -> None:
+        """Compare-and-set on ``record.row_version``; bumps it on success."""
+
+    # transactions
+    @abc.abstractmethod
+    def insert_txn(self, record: TxnRecord) -> None:
+        """Raises StoreConflict if the txn_id exists."""
+
+    @abc.abstractmethod
+    def update_txn(self, record: TxnRecord) -> None:
+        """Compare-and-set on ``record.row_version``; bumps it on success."""
+
+    @abc.abstractmethod
+    def get_txn(self, txn_id: str) -> TxnRecord | None: ...
+
+    @abc.abstractmethod
+    def attempts_of(self, pipeline_id: str, generation: int, batch_id: int) -> list[TxnRecord]:
+        """Every attempt of one logical transaction, oldest first."""
+
+    @abc.abstractmethod
+    def unfinished_txns(self) -> list[TxnRecord]:
+        """Transactions in OPEN, PREWRITTEN or COMMITTED: what a restart must load."""
+
+    @abc.abstractmethod
+    def list_txns(self, query: TxnQuery) -> list[TxnRecord]: ...
+
+    # snapshot index
+    @abc.abstractmethod
+    def add_table_commit(self, commit: TableCommit) -> None: ...
+
+    @abc.abstractmethod
+    def set_table_commit_version(self, table: str, commit_ts: int, delta_version: int) -> None: ...
+
+    @abc.abstractmethod
+    def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
+        """The newest commit to ``table`` with commit_ts <= max_commit_ts."""
+
+    @abc.abstractmethod
+    def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
+        """Commits to ``table`` at or below ``max_commit_ts`` not yet applied, in order."""

@@ -1,0 +1,146 @@
+"""In-memory store for unit tests: same semantics as SQLite, nothing survives the process."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+from collections.abc import Iterator
+
+from coordinator.errors import StoreConflict
+from coordinator.records import PipelineRecord, TxnRecord
+from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._high_water = 0
+        self._pipelines: dict[str, dict] = {}
+        self._txns: dict[str, dict] = {}
+        self._table_commits: dict[tuple[str, int], TableCommit] = {}
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            saved = copy.deepcopy((self._high_water, self._pipelines, self._txns,
+                                   self._table_commits))
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                (self._high_water, self._pipelines, self._txns, self._table_commits) = saved
+                raise
+            finally:
+                self._depth = 0
+
+    def close(self) -> None:
+        pass
+
+    def read_timestamp_high_water(self) -> int:
+        return self._high_water
+
+    def write_timestamp_high_water(self, value: int) -> None:
+        with self._lock:
+            self._high_water = value
+
+    def load_pipelines(self) -> list[PipelineRecord]:
+        with self._lock:
+            return [PipelineRecord.from_row(r) for r in self._pipelines.values()]
+
+    def insert_pipeline(self, record: PipelineRecord) -> None:
+        with self._lock:
+            if record.pipeline_id in self._pipelines:
+                raise StoreConflict(f"pipeline {record.pipeline_id} exists")
+            self._pipelines[record.pipeline_id] = record.to_row()
+
+    def update_pipeline(self, record: PipelineRecord) -> None:
+        with self._lock:
+            row = self._pipelines.get(record.pipeline_id)
+            if row is None or row["row_version"] != record.row_version:
+                raise StoreConflict(f"pipeline {record.pipeline_id} changed underneath")
+            record.row_version += 1
+            self._pipelines[record.pipeline_id] = record.to_row()
+
+    def insert_txn(self, record: TxnRecord) -> None:
+        with self._lock:
+            if record.txn_id in self._txns:
+                raise StoreConflict(f"transaction {record.txn_id} exists")
+            self._txns[record.txn_id] = record.to_row()
+
+    def update_txn(self, record: TxnRecord) -> None:
+        with self._lock:
+            row = self._txns.get(record.txn_id)
+            if row is None or row["row_version"] != record.row_version:
+                raise StoreConflict(f"transaction {record.txn_id} changed underneath")
+            record.row_version += 1
+            self._txns[record.txn_id] = record.to_row()
+
+    def get_txn(self, txn_id: str) -> TxnRecord | None:
+        with self._lock:
+            row = self._txns.get(txn_id)
+            return TxnRecord.from_row(row) if row else None
+
+    def _all(self) -> list[TxnRecord]:
+        return sorted((TxnRecord.from_row(r) for r in self._txns.values()),
+                      key=lambda t: t.start_ts)
+
+    def attempts_of(self, pipeline_id: str, generation: int, batch_id: int) -> list[TxnRecord]:
+        with self._lock:
+            return [t for t in self._all() if (t.pipeline_id, t.generation, t.batch_id)
+                    == (pipeline_id, generation, batch_id)]
+
+    def unfinished_txns(self) -> list[TxnRecord]:
+        with self._lock:
+            return [t for t in self._all() if t.state in UNFINISHED_STATES]
+
+    def list_txns(self, query: TxnQuery) -> list[TxnRecord]:
+        def keep(t: TxnRecord) -> bool:
+            return (
+                (not query.pipeline_id or t.pipeline_id == query.pipeline_id)
+                and (query.generation is None or t.generation == query.generation)
+                and (not query.states or t.state in query.states)
+                and (query.batch_id is None or t.batch_id == query.batch_id)
+                and t.created_ms >= query.created_after_ms
+                and (not query.created_before_ms or t.created_ms < query.created_before_ms)
+                and t.start_ts > query.after_start_ts
+            )
+
+        with self._lock:
+            return [t for t in self._all() if keep(t)][: query.limit]
+
+    def add_table_commit(self, commit: TableCommit) -> None:
+        with self._lock:
+            key = (commit.table, commit.commit_ts)
+            if key in self._table_commits:
+                raise StoreConflict(f"table commit {key} exists")
+            self._table_commits[key] = commit
+
+    def set_table_commit_version(self, table: str, commit_ts: int, delta_version: int) -> None:
+        with self._lock:
+            old = self._table_commits.get((table, commit_ts))
+            if old is None:
+                raise StoreConflict(f"no table commit {(table, commit_ts)}")
+            self._table_commits[(table, commit_ts)] = TableCommit(
+                table, commit_ts, old.txn_id, delta_version)
+
+    def _commits_of(self, table: str, max_commit_ts: int) -> list[TableCommit]:
+        return sorted((c for (t, ts), c in self._table_commits.items()
+                       if t == table and ts <= max_commit_ts), key=lambda c: c.commit_ts)
+
+    def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
+        with self._lock:
+            commits = self._commits_of(table, max_commit_ts)
+            return commits[-1] if commits else None
+
+    def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
+        with self._lock:
+            return [c for c in self._commits_of(table, max_commit_ts) if c.delta_version is None]

@@ -1,0 +1,274 @@
+"""The embedded default store: one SQLite file in the data dir, WAL, synchronous=FULL.
+
+Every batch is one SQLite transaction, so it reaches stable storage (the WAL is fsynced at
+COMMIT under synchronous=FULL) before the coordinator replies (I8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from coordinator.errors import StoreConflict
+from coordinator.records import PipelineRecord, TxnRecord
+from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS pipelines (
+    pipeline_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    query_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    last_commit_ms INTEGER NOT NULL,
+    resets TEXT NOT NULL,
+    row_version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transactions (
+    txn_id TEXT PRIMARY KEY,
+    pipeline_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    batch_id INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    query_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    start_ts INTEGER NOT NULL UNIQUE,
+    commit_ts INTEGER NOT NULL,
+    tables TEXT NOT NULL,
+    abort_reason TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    row_version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transactions_by_batch
+    ON transactions (pipeline_id, generation, batch_id);
+CREATE INDEX IF NOT EXISTS transactions_unfinished
+    ON transactions (state) WHERE state IN ('OPEN', 'PREWRITTEN', 'COMMITTED');
+CREATE INDEX IF NOT EXISTS transactions_by_pipeline_ts ON transactions (pipeline_id, start_ts);
+CREATE TABLE IF NOT EXISTS table_commits (
+    table_uri TEXT NOT NULL,
+    commit_ts INTEGER NOT NULL,
+    txn_id TEXT NOT NULL,
+    delta_version INTEGER,
+    PRIMARY KEY (table_uri, commit_ts)
+);
+CREATE INDEX IF NOT EXISTS table_commits_unapplied
+    ON table_commits (table_uri, commit_ts) WHERE delta_version IS NULL;
+"""
+
+_TXN_COLUMNS = (
+    "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
+    "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
+)
+_PIPELINE_COLUMNS = (
+    "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
+    "row_version",
+)
+_SELECT_TXN = f"SELECT {', '.join(_TXN_COLUMNS)} FROM transactions"
+
+
+class SqliteStore(Store):
+    """SQLite in ``<data_dir>/coordinator.db``; one connection guarded by a lock."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.path = Path(data_dir) / "coordinator.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._depth = 0
+        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise RuntimeError(f"SQLite refused WAL mode (got {mode}) for {self.path}")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        with self.batch():
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                self._conn.execute(statement)
+            row = self._conn.execute(
+                "SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self._conn.execute("INSERT INTO meta VALUES ('schema_version', ?)",
+                                   (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path} has store schema {row[0]}; "
+                    f"this coordinator reads {SCHEMA_VERSION}"
+                )
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+            finally:
+                self._depth = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _write(self, sql: str, params: tuple | dict) -> int:
+        with self.batch():
+            return self._conn.execute(sql, params).rowcount
+
+    def _read(self, sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def read_timestamp_high_water(self) -> int:
+        rows = self._read("SELECT value FROM meta WHERE key='ts_high_water'")
+        return rows[0][0] if rows else 0
+
+    def write_timestamp_high_water(self, value: int) -> None:
+        self._write(
+            "INSERT INTO meta VALUES ('ts_high_water', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (value,),
+        )
+
+    def load_pipelines(self) -> list[PipelineRecord]:
+        rows = self._read(f"SELECT {', '.join(_PIPELINE_COLUMNS)} FROM pipelines")
+        return [PipelineRecord.from_row(dict(r)) for r in rows]
+
+    def insert_pipeline(self, record: PipelineRecord) -> None:
+        row = record.to_row()
+        try:
+            self._write(
+                f"INSERT INTO pipelines ({', '.join(_PIPELINE_COLUMNS)}) "
+                f"VALUES ({', '.join(':' + c for c in _PIPELINE_COLUMNS)})",
+                row,
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"pipeline {record.pipeline_id} exists") from exc
+
+    def update_pipeline(self, record: PipelineRecord) -> None:
+        row = record.to_row()
+        sets = ", ".join(f"{c} = :{c}" for c in _PIPELINE_COLUMNS if c != "pipeline_id")
+        row["row_version"] = record.row_version + 1
+        row["expected"] = record.row_version
+        count = self._write(
+            f"UPDATE pipelines SET {sets} WHERE pipeline_id = :pipeline_id "
+            "AND row_version = :expected",
+            row,
+        )
+        if count != 1:
+            raise StoreConflict(f"pipeline {record.pipeline_id} changed underneath")
+        record.row_version += 1
+
+    def insert_txn(self, record: TxnRecord) -> None:
+        try:
+            self._write(
+                f"INSERT INTO transactions ({', '.join(_TXN_COLUMNS)}) "
+                f"VALUES ({', '.join(':' + c for c in _TXN_COLUMNS)})",
+                record.to_row(),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"transaction {record.txn_id} exists: {exc}") from exc
+
+    def update_txn(self, record: TxnRecord) -> None:
+        row = record.to_row()
+        sets = ", ".join(f"{c} = :{c}" for c in _TXN_COLUMNS if c != "txn_id")
+        row["row_version"] = record.row_version + 1
+        row["expected"] = record.row_version
+        count = self._write(
+            f"UPDATE transactions SET {sets} WHERE txn_id = :txn_id AND row_version = :expected",
+            row,
+        )
+        if count != 1:
+            raise StoreConflict(f"transaction {record.txn_id} changed underneath")
+        record.row_version += 1
+
+    def _txns(self, where: str, params: tuple | dict = (), tail: str = "") -> list[TxnRecord]:
+        rows = self._read(f"{_SELECT_TXN} WHERE {where} {tail}", params)
+        return [TxnRecord.from_row(dict(r)) for r in rows]
+
+    def get_txn(self, txn_id: str) -> TxnRecord | None:
+        found = self._txns("txn_id = ?", (txn_id,))
+        return found[0] if found else None
+
+    def attempts_of(self, pipeline_id: str, generation: int, batch_id: int) -> list[TxnRecord]:
+        return self._txns(
+            "pipeline_id = ? AND generation = ? AND batch_id = ?",
+            (pipeline_id, generation, batch_id),
+            "ORDER BY start_ts",
+        )
+
+    def unfinished_txns(self) -> list[TxnRecord]:
+        states = tuple(s.value for s in UNFINISHED_STATES)
+        return self._txns(f"state IN ({', '.join('?' * len(states))})", states, "ORDER BY start_ts")
+
+    def list_txns(self, query: TxnQuery) -> list[TxnRecord]:
+        clauses = ["start_ts > ?", "created_ms >= ?"]
+        params: list[object] = [query.after_start_ts, query.created_after_ms]
+        if query.pipeline_id:
+            clauses.append("pipeline_id = ?")
+            params.append(query.pipeline_id)
+        if query.generation is not None:
+            clauses.append("generation = ?")
+            params.append(query.generation)
+        if query.batch_id is not None:
+            clauses.append("batch_id = ?")
+            params.append(query.batch_id)
+        if query.created_before_ms:
+            clauses.append("created_ms < ?")
+            params.append(query.created_before_ms)
+        if query.states:
+            clauses.append(f"state IN ({', '.join('?' * len(query.states))})")
+            params.extend(s.value for s in query.states)
+        return self._txns(" AND ".join(clauses), tuple(params),
+                          f"ORDER BY start_ts LIMIT {int(query.limit)}")
+
+    def add_table_commit(self, commit: TableCommit) -> None:
+        try:
+            self._write(
+                "INSERT INTO table_commits VALUES (?, ?, ?, ?)",
+                (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"table commit {commit} exists") from exc
+
+    def set_table_commit_version(self, table: str, commit_ts: int, delta_version: int) -> None:
+        count = self._write(
+            "UPDATE table_commits SET delta_version = ? WHERE table_uri = ? AND commit_ts = ?",
+            (delta_version, table, commit_ts),
+        )
+        if count != 1:
+            raise StoreConflict(f"no table commit ({table}, {commit_ts})")
+
+    def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
+        rows = self._read(
+            "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
+            "WHERE table_uri = ? AND commit_ts <= ? ORDER BY commit_ts DESC LIMIT 1",
+            (table, max_commit_ts),
+        )
+        return TableCommit(*rows[0]) if rows else None
+
+    def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
+        rows = self._read(
+            "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
+            "WHERE table_uri = ? AND commit_ts <= ? AND delta_version IS NULL ORDER BY commit_ts",
+            (table, max_commit_ts),
+        )
+        return [TableCommit(*r) for r in rows]

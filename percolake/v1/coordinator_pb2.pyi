@@ -1,0 +1,438 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TransactionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSACTION_STATE_UNSPECIFIED: _ClassVar[TransactionState]
+    OPEN: _ClassVar[TransactionState]
+    PREWRITTEN: _ClassVar[TransactionState]
+    COMMITTED: _ClassVar[TransactionState]
+    APPLIED: _ClassVar[TransactionState]
+    ABORTED: _ClassVar[TransactionState]
+
+class WriteMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WRITE_MODE_UNSPECIFIED: _ClassVar[WriteMode]
+    APPEND: _ClassVar[WriteMode]
+    OVERWRITE: _ClassVar[WriteMode]
+    OVERWRITE_PARTITIONS: _ClassVar[WriteMode]
+TRANSACTION_STATE_UNSPECIFIED: TransactionState
+OPEN: TransactionState
+PREWRITTEN: TransactionState
+COMMITTED: TransactionState
+APPLIED: TransactionState
+ABORTED: TransactionState
+WRITE_MODE_UNSPECIFIED: WriteMode
+APPEND: WriteMode
+OVERWRITE: WriteMode
+OVERWRITE_PARTITIONS: WriteMode
+
+class AddFile(_message.Message):
+    __slots__ = ("path", "size", "partition_values", "null_partition_columns", "modification_time", "stats")
+    class PartitionValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_VALUES_FIELD_NUMBER: _ClassVar[int]
+    NULL_PARTITION_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MODIFICATION_TIME_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    partition_values: _containers.ScalarMap[str, str]
+    null_partition_columns: _containers.RepeatedScalarFieldContainer[str]
+    modification_time: int
+    stats: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
+
+class TableWrite(_message.Message):
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ADD_FILES_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    mode: WriteMode
+    add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
+    schema_json: str
+    partition_by: _containers.RepeatedScalarFieldContainer[str]
+    replace_partitions: _containers.RepeatedCompositeFieldContainer[PartitionSpec]
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ...) -> None: ...
+
+class PartitionSpec(_message.Message):
+    __slots__ = ("values", "null_columns")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    NULL_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, str]
+    null_columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, values: _Optional[_Mapping[str, str]] = ..., null_columns: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TableParticipant(_message.Message):
+    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    PREWRITTEN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FILE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    write_location: str
+    prewritten: bool
+    mode: WriteMode
+    file_count: int
+    row_count: int
+    applied: bool
+    delta_version: int
+    write: TableWrite
+    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ...) -> None: ...
+
+class Transaction(_message.Message):
+    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    START_TS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ABORT_REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    pipeline_id: str
+    generation: int
+    batch_id: int
+    attempt: int
+    state: TransactionState
+    start_ts: int
+    commit_ts: int
+    participants: _containers.RepeatedCompositeFieldContainer[TableParticipant]
+    epoch: int
+    abort_reason: str
+    created_unix_ms: int
+    updated_unix_ms: int
+    query_id: str
+    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ...) -> None: ...
+
+class Pipeline(_message.Message):
+    __slots__ = ("pipeline_id", "generation", "epoch", "query_id", "created_unix_ms", "last_commit_unix_ms", "resets")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMIT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    generation: int
+    epoch: int
+    query_id: str
+    created_unix_ms: int
+    last_commit_unix_ms: int
+    resets: _containers.RepeatedCompositeFieldContainer[PipelineReset]
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., last_commit_unix_ms: _Optional[int] = ..., resets: _Optional[_Iterable[_Union[PipelineReset, _Mapping]]] = ...) -> None: ...
+
+class PipelineReset(_message.Message):
+    __slots__ = ("from_generation", "to_generation", "reason", "reset_unix_ms", "previous_query_id")
+    FROM_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TO_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESET_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    from_generation: int
+    to_generation: int
+    reason: str
+    reset_unix_ms: int
+    previous_query_id: str
+    def __init__(self, from_generation: _Optional[int] = ..., to_generation: _Optional[int] = ..., reason: _Optional[str] = ..., reset_unix_ms: _Optional[int] = ..., previous_query_id: _Optional[str] = ...) -> None: ...
+
+class RegisterPipelineRequest(_message.Message):
+    __slots__ = ("pipeline_id", "query_id")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    query_id: str
+    def __init__(self, pipeline_id: _Optional[str] = ..., query_id: _Optional[str] = ...) -> None: ...
+
+class RegisterPipelineResponse(_message.Message):
+    __slots__ = ("pipeline", "epoch", "generation")
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    pipeline: Pipeline
+    epoch: int
+    generation: int
+    def __init__(self, pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., epoch: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class OpenTransactionRequest(_message.Message):
+    __slots__ = ("pipeline_id", "batch_id", "epoch", "query_id", "tables", "timeout_ms")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    batch_id: int
+    epoch: int
+    query_id: str
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    timeout_ms: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class OpenTransactionResponse(_message.Message):
+    __slots__ = ("transaction", "already_committed", "locations")
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    transaction: Transaction
+    already_committed: bool
+    locations: _containers.RepeatedCompositeFieldContainer[TableLocation]
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ..., already_committed: _Optional[bool] = ..., locations: _Optional[_Iterable[_Union[TableLocation, _Mapping]]] = ...) -> None: ...
+
+class TableLocation(_message.Message):
+    __slots__ = ("table", "write_location")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    write_location: str
+    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ...) -> None: ...
+
+class DeclareTablesRequest(_message.Message):
+    __slots__ = ("txn_id", "epoch", "tables")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    epoch: int
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeclareTablesResponse(_message.Message):
+    __slots__ = ("transaction", "locations")
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    transaction: Transaction
+    locations: _containers.RepeatedCompositeFieldContainer[TableLocation]
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ..., locations: _Optional[_Iterable[_Union[TableLocation, _Mapping]]] = ...) -> None: ...
+
+class PrewriteRequest(_message.Message):
+    __slots__ = ("txn_id", "epoch", "writes")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    epoch: int
+    writes: _containers.RepeatedCompositeFieldContainer[TableWrite]
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[TableWrite, _Mapping]]] = ...) -> None: ...
+
+class PrewriteResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: Transaction
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
+
+class CommitTransactionRequest(_message.Message):
+    __slots__ = ("txn_id", "epoch", "tables", "writes")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    epoch: int
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    writes: _containers.RepeatedCompositeFieldContainer[TableWrite]
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[_Union[TableWrite, _Mapping]]] = ...) -> None: ...
+
+class CommitTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: Transaction
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
+
+class AbortTransactionRequest(_message.Message):
+    __slots__ = ("txn_id", "epoch", "reason")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    epoch: int
+    reason: str
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbortTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: Transaction
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
+
+class AppliedTable(_message.Message):
+    __slots__ = ("table", "delta_version")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    delta_version: int
+    def __init__(self, table: _Optional[str] = ..., delta_version: _Optional[int] = ...) -> None: ...
+
+class ReportAppliedRequest(_message.Message):
+    __slots__ = ("txn_id", "epoch", "tables")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    epoch: int
+    tables: _containers.RepeatedCompositeFieldContainer[AppliedTable]
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[AppliedTable, _Mapping]]] = ...) -> None: ...
+
+class ReportAppliedResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: Transaction
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("txn_id", "epoch")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    epoch: int
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("state", "expires_in_ms")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_MS_FIELD_NUMBER: _ClassVar[int]
+    state: TransactionState
+    expires_in_ms: int
+    def __init__(self, state: _Optional[_Union[TransactionState, str]] = ..., expires_in_ms: _Optional[int] = ...) -> None: ...
+
+class GetTransactionRequest(_message.Message):
+    __slots__ = ("txn_id", "include_writes")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_WRITES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    include_writes: bool
+    def __init__(self, txn_id: _Optional[str] = ..., include_writes: _Optional[bool] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("pipeline_id", "generation", "states", "batch_id", "created_after_unix_ms", "created_before_unix_ms", "page_size", "page_token")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    generation: int
+    states: _containers.RepeatedScalarFieldContainer[TransactionState]
+    batch_id: int
+    created_after_unix_ms: int
+    created_before_unix_ms: int
+    page_size: int
+    page_token: str
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., states: _Optional[_Iterable[_Union[TransactionState, str]]] = ..., batch_id: _Optional[int] = ..., created_after_unix_ms: _Optional[int] = ..., created_before_unix_ms: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions", "next_page_token")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[Transaction]
+    next_page_token: str
+    def __init__(self, transactions: _Optional[_Iterable[_Union[Transaction, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class BatchRef(_message.Message):
+    __slots__ = ("pipeline_id", "generation", "batch_id")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    generation: int
+    batch_id: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ...) -> None: ...
+
+class GetSnapshotRequest(_message.Message):
+    __slots__ = ("tables", "as_of_ts", "as_of_batch", "wait_timeout_ms")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_TS_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_BATCH_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    as_of_ts: int
+    as_of_batch: BatchRef
+    wait_timeout_ms: int
+    def __init__(self, tables: _Optional[_Iterable[str]] = ..., as_of_ts: _Optional[int] = ..., as_of_batch: _Optional[_Union[BatchRef, _Mapping]] = ..., wait_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TableVersion(_message.Message):
+    __slots__ = ("table", "canonical_table", "exists", "delta_version")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    CANONICAL_TABLE_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    canonical_table: str
+    exists: bool
+    delta_version: int
+    def __init__(self, table: _Optional[str] = ..., canonical_table: _Optional[str] = ..., exists: _Optional[bool] = ..., delta_version: _Optional[int] = ...) -> None: ...
+
+class GetSnapshotResponse(_message.Message):
+    __slots__ = ("snapshot_ts", "tables")
+    SNAPSHOT_TS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    snapshot_ts: int
+    tables: _containers.RepeatedCompositeFieldContainer[TableVersion]
+    def __init__(self, snapshot_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableVersion, _Mapping]]] = ...) -> None: ...
+
+class GetPipelineRequest(_message.Message):
+    __slots__ = ("pipeline_id",)
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    def __init__(self, pipeline_id: _Optional[str] = ...) -> None: ...
+
+class ResetPipelineRequest(_message.Message):
+    __slots__ = ("pipeline_id", "reason", "expected_generation")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    reason: str
+    expected_generation: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ...) -> None: ...
+
+class ResetPipelineResponse(_message.Message):
+    __slots__ = ("pipeline", "changed", "aborted_txn_ids")
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_TXN_IDS_FIELD_NUMBER: _ClassVar[int]
+    pipeline: Pipeline
+    changed: bool
+    aborted_txn_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., changed: _Optional[bool] = ..., aborted_txn_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,41 @@
+import itertools
+
+import pytest
+
+from coordinator.states import (
+    VALID_PREVIOUS,
+    IllegalTransition,
+    TxnState,
+    can_transition,
+    check_transition,
+)
+
+S = TxnState
+VALID = {
+    (S.OPEN, S.PREWRITTEN), (S.PREWRITTEN, S.PREWRITTEN),
+    (S.OPEN, S.COMMITTED), (S.PREWRITTEN, S.COMMITTED),
+    (S.COMMITTED, S.APPLIED),
+    (S.OPEN, S.ABORTED), (S.PREWRITTEN, S.ABORTED),
+}
+
+
+@pytest.mark.parametrize("current,target", sorted(VALID, key=str))
+def test_valid_transition_is_allowed(current, target):
+    assert can_transition(current, target)
+    check_transition(current, target)
+
+
+@pytest.mark.parametrize(
+    "current,target",
+    sorted(set(itertools.product(S, S)) - VALID, key=str),
+)
+def test_invalid_transition_is_refused_loudly(current, target):
+    assert not can_transition(current, target)
+    with pytest.raises(IllegalTransition):
+        check_transition(current, target)
+
+
+def test_committed_and_aborted_are_decisions_that_never_cross():
+    assert S.COMMITTED not in VALID_PREVIOUS[S.ABORTED]
+    assert S.ABORTED not in VALID_PREVIOUS[S.COMMITTED]
+    assert S.APPLIED not in VALID_PREVIOUS[S.ABORTED]

@@ -1,0 +1,135 @@
+"""One conformance suite for every store implementation."""
+
+import pytest
+
+from coordinator.errors import StoreConflict
+from coordinator.records import (
+    AddFileRecord,
+    PipelineRecord,
+    ResetRecord,
+    TableEntry,
+    TableWriteRecord,
+    TxnRecord,
+    WriteMode,
+)
+from coordinator.states import TxnState
+from coordinator.store import MemoryStore, SqliteStore, TableCommit, TxnQuery
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def store(request, tmp_path):
+    made = SqliteStore(tmp_path) if request.param == "sqlite" else MemoryStore()
+    yield made
+    made.close()
+
+
+def txn(txn_id="t1", start_ts=10, state=TxnState.OPEN, pipeline="p", batch=0, created=1000):
+    record = TxnRecord(txn_id=txn_id, pipeline_id=pipeline, generation=0, batch_id=batch,
+                       attempt=1, epoch=1, query_id="", state=state, start_ts=start_ts,
+                       created_ms=created, updated_ms=created)
+    write = TableWriteRecord(
+        "file:///w/a", WriteMode.OVERWRITE_PARTITIONS,
+        (AddFileRecord(f"_percolake/{txn_id}/d=1/f.parquet", 12, {"d": "1"}, 5,
+                       '{"numRecords":3}'),
+         AddFileRecord(f"_percolake/{txn_id}/d=null/g.parquet", 7, {"d": None}, 5, "")),
+        '{"type":"struct","fields":[]}', ("d",), ({"d": "1"}, {"d": None}))
+    record.tables["file:///w/a"] = TableEntry("file:///w/a", "file:///w/a/_percolake/x", write)
+    record.tables["file:///w/b"] = TableEntry("file:///w/b", "file:///w/b/_percolake/x")
+    return record
+
+
+def test_transaction_round_trips_with_all_fields(store):
+    record = txn()
+    store.insert_txn(record)
+    assert store.get_txn("t1") == record
+    assert store.get_txn("missing") is None
+
+
+def test_insert_of_an_existing_transaction_conflicts(store):
+    store.insert_txn(txn())
+    with pytest.raises(StoreConflict):
+        store.insert_txn(txn())
+
+
+def test_update_is_compare_and_set_on_row_version(store):
+    store.insert_txn(txn())
+    first = store.get_txn("t1")
+    second = store.get_txn("t1")
+    first.state = TxnState.PREWRITTEN
+    store.update_txn(first)
+    assert first.row_version == 1
+    second.state = TxnState.ABORTED
+    with pytest.raises(StoreConflict):
+        store.update_txn(second)
+    assert store.get_txn("t1").state == TxnState.PREWRITTEN
+
+
+def test_failed_batch_leaves_nothing_behind(store):
+    store.insert_txn(txn())
+    with pytest.raises(RuntimeError), store.batch():
+        record = store.get_txn("t1")
+        record.state = TxnState.COMMITTED
+        store.update_txn(record)
+        store.add_table_commit(TableCommit("file:///w/a", 20, "t1", None))
+        raise RuntimeError("crash inside the batch")
+    assert store.get_txn("t1").state == TxnState.OPEN
+    assert store.table_commit_at("file:///w/a", 100) is None
+
+
+def test_pipeline_insert_update_and_reload(store):
+    pipeline = PipelineRecord("p", created_ms=5)
+    store.insert_pipeline(pipeline)
+    with pytest.raises(StoreConflict):
+        store.insert_pipeline(PipelineRecord("p"))
+    pipeline.epoch = 3
+    pipeline.resets.append(ResetRecord(0, 1, "why", 7, "q", 0))
+    store.update_pipeline(pipeline)
+    stale = PipelineRecord("p", row_version=0)
+    with pytest.raises(StoreConflict):
+        store.update_pipeline(stale)
+    assert store.load_pipelines() == [pipeline]
+
+
+def test_attempts_and_unfinished_and_listing(store):
+    store.insert_txn(txn("a", 10, TxnState.ABORTED, batch=1, created=100))
+    store.insert_txn(txn("b", 20, TxnState.COMMITTED, batch=1, created=200))
+    store.insert_txn(txn("c", 30, TxnState.OPEN, batch=2, created=300))
+    store.insert_txn(txn("d", 40, TxnState.APPLIED, pipeline="q", created=400))
+    assert [t.txn_id for t in store.attempts_of("p", 0, 1)] == ["a", "b"]
+    assert [t.txn_id for t in store.unfinished_txns()] == ["b", "c"]
+    assert [t.txn_id for t in store.list_txns(TxnQuery(pipeline_id="p"))] == ["a", "b", "c"]
+    assert [t.txn_id for t in store.list_txns(TxnQuery(states=(TxnState.APPLIED,)))] == ["d"]
+    assert [t.txn_id for t in store.list_txns(TxnQuery(batch_id=1, after_start_ts=10))] == ["b"]
+    window = TxnQuery(created_after_ms=200, created_before_ms=400, limit=1)
+    assert [t.txn_id for t in store.list_txns(window)] == ["b"]
+
+
+def test_snapshot_index_finds_the_newest_commit_at_or_below_a_timestamp(store):
+    store.add_table_commit(TableCommit("file:///w/a", 10, "t1", None))
+    store.add_table_commit(TableCommit("file:///w/a", 20, "t2", None))
+    store.set_table_commit_version("file:///w/a", 10, 0)
+    assert store.table_commit_at("file:///w/a", 15) == TableCommit("file:///w/a", 10, "t1", 0)
+    assert store.table_commit_at("file:///w/a", 9) is None
+    assert [c.txn_id for c in store.unapplied_table_commits("file:///w/a", 25)] == ["t2"]
+    assert store.unapplied_table_commits("file:///w/a", 19) == []
+    with pytest.raises(StoreConflict):
+        store.set_table_commit_version("file:///w/a", 11, 1)
+
+
+def test_timestamp_high_water_round_trips(store):
+    assert store.read_timestamp_high_water() == 0
+    store.write_timestamp_high_water(99)
+    assert store.read_timestamp_high_water() == 99
+
+
+def test_sqlite_store_survives_reopen(tmp_path):
+    store = SqliteStore(tmp_path)
+    store.insert_txn(txn())
+    store.close()
+    assert SqliteStore(tmp_path).get_txn("t1") == txn()
+
+
+def test_sqlite_store_runs_wal_with_full_sync(tmp_path):
+    store = SqliteStore(tmp_path)
+    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
