@@ -165,9 +165,13 @@ class TransactionCoordinator:
             return pipeline.copy()
 
     def reset_pipeline(
-        self, pipeline_id: str, reason: str, expected_generation: int | None
+        self, pipeline_id: str, reason: str, expected_generation: int | None,
+        require_idle: bool = False,
     ) -> tuple[PipelineRecord, bool, list[str]]:
         """Starts a new generation: live attempts aborted, epoch bumped, query id unbound.
+
+        With ``require_idle`` it refuses while the current generation is active: a live
+        transaction, or a commit within the transaction timeout.
 
         Returns:
             The pipeline after the call, whether this call changed it, and the aborted txn ids.
@@ -191,6 +195,8 @@ class TransactionCoordinator:
                     f"pipeline {pipeline_id!r} is at generation {current.generation}, not "
                     f"{expected_generation}: it was reset meanwhile; check with GetPipeline"
                 )
+            if require_idle:
+                self._check_idle(current)
             pipeline = current.copy()
             pipeline.resets.append(ResetRecord(
                 from_generation=current.generation, to_generation=current.generation + 1,
@@ -509,7 +515,27 @@ class TransactionCoordinator:
             except Exception:  # logged; the next pass retries
                 log.exception("roll-forward failed", extra={"txn_id": txn_id, "table": table})
 
+    def sweep_recent_aborts(self, horizon_s: float = 24 * 3600) -> int:
+        """Deletes leftover files of attempts aborted within the horizon (a crash may have cut
+        their cleanup short, or an executor may have written after the abort).
+
+        Returns:
+            How many aborted attempts were swept.
+        """
+        query = TxnQuery(states=(TxnState.ABORTED,), limit=1000,
+                         created_after_ms=max(0, _now_ms() - int(horizon_s * 1000)))
+        swept = 0
+        while batch := self.store.list_txns(query):
+            self._clean_up(batch)
+            swept += len(batch)
+            query.after_start_ts = batch[-1].start_ts
+        return swept
+
     def _resolve_loop(self) -> None:
+        try:
+            self.sweep_recent_aborts()
+        except Exception:
+            log.exception("sweep of aborted attempts failed")
         while not self._stop.wait(self.config.resolver_interval_s):
             try:
                 self.resolve_once()
@@ -526,6 +552,19 @@ class TransactionCoordinator:
             self.store.insert_pipeline(pipeline)
         else:
             self.store.update_pipeline(pipeline)
+
+    def _check_idle(self, pipeline: PipelineRecord) -> None:
+        live = [t.txn_id for t in self._unfinished.values()
+                if t.pipeline_id == pipeline.pipeline_id and t.state in LIVE_STATES]
+        since_commit_s = (_now_ms() - pipeline.last_commit_ms) / 1000
+        if live or (pipeline.last_commit_ms and since_commit_s < self.config.txn_timeout_s):
+            activity = (f"live transaction {live[0]}" if live
+                        else f"a commit {since_commit_s:.0f} s ago")
+            raise FailedPrecondition(
+                f"pipeline {pipeline.pipeline_id!r} generation {pipeline.generation} is still "
+                f"driven by query {pipeline.query_id or '(unbound)'} ({activity}); "
+                "on_checkpoint_reset='new_generation' refuses to reset an active pipeline. "
+                "Stop the other query, or reset explicitly with reset-pipeline")
 
     def _check_query_id(self, pipeline: PipelineRecord, query_id: str | None) -> None:
         if query_id and pipeline.query_id and query_id != pipeline.query_id:

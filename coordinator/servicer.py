@@ -172,6 +172,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @rpc
     def ResetPipeline(self, request, context):  # noqa: N802
         pipeline, changed, aborted = self.core.reset_pipeline(
-            request.pipeline_id, request.reason, optional(request, "expected_generation"))
+            request.pipeline_id, request.reason, optional(request, "expected_generation"),
+            request.require_idle)
         return pb.ResetPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline), changed=changed,
                                         aborted_txn_ids=aborted)

@@ -312,3 +312,25 @@ def test_reset_starts_a_generation_keeps_history_and_is_idempotent(env):
     assert reused.generation == 1 and reused.txn_id != done.txn_id
     with pytest.raises(NotFound):
         core.reset_pipeline("nope", "x", None)
+
+
+def test_sweep_deletes_leftover_files_of_recent_aborts(env):
+    core, _, _, removed, tmp = env
+    txn, _ = core.open_transaction("p", 0)
+    core.declare_tables(txn.txn_id, None, [table(tmp, "a")])
+    core.abort(txn.txn_id, None)
+    removed.clear()
+    assert core.sweep_recent_aborts() == 1
+    assert removed == [f"{table(tmp, 'a')}/_percolake/{txn.txn_id}"]
+
+
+def test_reset_requiring_idle_refuses_while_the_old_driver_is_active(env):
+    core, _, _, _, tmp = env
+    query = str(uuid.uuid4())
+    epoch = core.register_pipeline("p", query).epoch
+    run_batch(core, tmp, "p", 0, ["a"], epoch, query)
+    with pytest.raises(FailedPrecondition, match="on_checkpoint_reset"):
+        core.reset_pipeline("p", "auto", None, require_idle=True)
+    core.config.txn_timeout_s = 0.001
+    pipeline, changed, _ = core.reset_pipeline("p", "auto", None, require_idle=True)
+    assert changed and pipeline.generation == 1

@@ -418,14 +418,16 @@ class GetPipelineRequest(_message.Message):
     def __init__(self, pipeline_id: _Optional[str] = ...) -> None: ...
 
 class ResetPipelineRequest(_message.Message):
-    __slots__ = ("pipeline_id", "reason", "expected_generation")
+    __slots__ = ("pipeline_id", "reason", "expected_generation", "require_idle")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_IDLE_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     reason: str
     expected_generation: int
-    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ...) -> None: ...
+    require_idle: bool
+    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ..., require_idle: _Optional[bool] = ...) -> None: ...
 
 class ResetPipelineResponse(_message.Message):
     __slots__ = ("pipeline", "changed", "aborted_txn_ids")
