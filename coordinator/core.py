@@ -364,10 +364,10 @@ class TransactionCoordinator:
                 for table in updated.tables:
                     self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None))
                 self.store.update_pipeline(pipeline)
-            fail_point("after-commit-durable-before-reply")
             self._pipelines[pipeline.pipeline_id] = pipeline
             self._track(updated)
             self._changed.notify_all()
+            fail_point("after-commit-durable-before-reply")
         log.info("committed", extra={"txn_id": txn_id, "commit_ts": commit_ts,
                                      "tables": len(updated.tables)})
         return self._fresh(updated)
