@@ -308,13 +308,16 @@ class TransactionCoordinator:
         if not writes:
             raise InvalidArgument("prewrite needs at least one table write")
         checked = self._check_writes(txn_id, writes)
-        self.declare_tables(txn_id, epoch, [w.table for w in checked])
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
+            if all(txn.tables.get(w.table) and txn.tables[w.table].write == w for w in checked):
+                return self._fresh(txn)  # a retry: already recorded, change nothing
             if txn.state in COMMITTED_STATES:
-                if all(txn.tables.get(w.table) and txn.tables[w.table].write == w for w in checked):
-                    return self._fresh(txn)
                 raise FailedPrecondition(f"transaction {txn_id} is already committed")
+            self._refuse_different_prewrite(txn, checked)  # before declaring anything
+        self.declare_tables(txn_id, epoch, [w.table for w in checked])
+        with self._lock:
+            txn = self._live_txn_for_update(txn_id, epoch)
             updated = self._with_writes(txn, checked)
             check_transition(txn.state, TxnState.PREWRITTEN)
             updated.state = TxnState.PREWRITTEN
@@ -379,6 +382,7 @@ class TransactionCoordinator:
         validation.check_text("reason", reason, 1000)
         with self._lock:
             txn = self._get(txn_id)
+            self._check_txn_caller(txn, epoch)
             if txn.state == TxnState.ABORTED:
                 return self._fresh(txn)
             if txn.state in COMMITTED_STATES:
@@ -386,7 +390,6 @@ class TransactionCoordinator:
                     f"transaction {txn_id} is committed (commit_ts {txn.commit_ts}): "
                     "a committed transaction is never aborted"
                 )
-            self._check_txn_caller(txn, epoch)
             aborted = self._prepare_abort(txn, reason or "aborted by request")
             self.store.update_txn(aborted)
             self._track(aborted)
@@ -441,6 +444,10 @@ class TransactionCoordinator:
     def list_transactions(self, query: TxnQuery) -> list[TxnRecord]:
         if query.pipeline_id:
             validation.check_id("pipeline_id", query.pipeline_id)
+        for name in ("generation", "batch_id"):
+            value = getattr(query, name)
+            if value is not None:
+                validation.check_non_negative(name, value)
         return self.store.list_txns(query)
 
     # ------------------------------------------------------------------ snapshots
@@ -641,16 +648,20 @@ class TransactionCoordinator:
             ))
         return checked
 
-    def _with_writes(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> TxnRecord:
-        updated = txn.copy()
+    def _refuse_different_prewrite(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:
         for write in writes:
-            entry = updated.tables[write.table]
-            if entry.write is not None and entry.write != write:
+            entry = txn.tables.get(write.table)
+            if entry is not None and entry.write is not None and entry.write != write:
                 raise FailedPrecondition(
                     f"table {write.table} already has a different prewrite in transaction "
                     f"{txn.txn_id}; abort and retry the batch"
                 )
-            entry.write = write
+
+    def _with_writes(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> TxnRecord:
+        self._refuse_different_prewrite(txn, writes)
+        updated = txn.copy()
+        for write in writes:
+            updated.tables[write.table].write = write
         updated.updated_ms = _now_ms()
         return updated
 
@@ -666,6 +677,7 @@ class TransactionCoordinator:
     def _live_txn_for_update(self, txn_id: str, epoch: int | None,
                              allow_committed: bool = False) -> TxnRecord:
         txn = self._get(txn_id)
+        self._check_txn_caller(txn, epoch)  # fencing first: a zombie learns nothing else
         if txn.state == TxnState.ABORTED:
             raise TransactionAborted(
                 f"transaction {txn_id} was aborted ({txn.abort_reason}); retry the batch")
@@ -673,7 +685,6 @@ class TransactionCoordinator:
             return txn
         if txn.state not in LIVE_STATES:
             raise FailedPrecondition(f"transaction {txn_id} is {txn.state.value}")
-        self._check_txn_caller(txn, epoch)
         if self._deadlines[txn_id] <= self._monotonic():
             expired = self._expire(txn)
             self._pending_cleanup.add(expired.txn_id)
@@ -802,7 +813,7 @@ class TransactionCoordinator:
     def _track(self, txn: TxnRecord, timeout_ms: int = 0) -> None:
         """Makes the in-memory view match the durable record just written."""
         for table, entry in txn.tables.items():
-            if entry.applied or txn.state == TxnState.ABORTED:
+            if entry.applied or txn.state == TxnState.ABORTED:  # the hold ends here
                 if self._holders.get(table) == txn.txn_id:
                     del self._holders[table]
             else:

@@ -82,11 +82,7 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
                 f"table {write.table}: file {add.path} has partition values for "
                 f"{sorted(add.partition_values)}, the table is partitioned by {sorted(partitions)}")
         if add.stats:
-            try:
-                json.loads(add.stats)
-            except ValueError:
-                raise InvalidArgument(f"table {write.table}: stats of {add.path} are not JSON") \
-                    from None
+            _check_stats(write.table, add.path, add.stats)
     if write.replace_partitions and write.mode != WriteMode.OVERWRITE_PARTITIONS:
         raise InvalidArgument(f"table {write.table}: replace_partitions needs OVERWRITE_PARTITIONS")
     if write.mode == WriteMode.OVERWRITE_PARTITIONS and not write.partition_by:
@@ -102,3 +98,17 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
         raise ResourceExhausted(
             f"table {write.table}: write intent is {size} bytes, over the limit of {max_bytes}; "
             "write fewer, larger files per batch (it is never truncated)")
+
+
+def _check_stats(table: str, path: str, stats: str) -> None:
+    """Delta file stats: a JSON object whose numRecords, when present, is a count."""
+    try:
+        parsed = json.loads(stats)
+    except ValueError:
+        raise InvalidArgument(f"table {table}: stats of {path} are not JSON") from None
+    if not isinstance(parsed, dict):
+        raise InvalidArgument(f"table {table}: stats of {path} must be a JSON object")
+    rows = parsed.get("numRecords", 0)
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise InvalidArgument(
+            f"table {table}: numRecords in the stats of {path} must be a count, got {rows!r}")

@@ -1,0 +1,153 @@
+"""Applying a committed write to its Delta table with delta-rs: the protocol's secondaries.
+
+Used by the participant right after the commit and by the coordinator's roll-forward, possibly
+at the same time: every apply first reads the table's Delta app transaction version for the
+pipeline generation and skips a write that is already there, and commits with no automatic
+retry, so a concurrent apply makes ours fail and re-check instead of writing twice. No JVM here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pyarrow
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from coordinator.records import PartitionValues, TableWriteRecord, WriteMode
+from coordinator.warehouse import local_path
+
+log = logging.getLogger("percolake.delta")
+
+TXN_ID_KEY = "percolake.txn_id"
+COMMIT_TS_KEY = "percolake.commit_ts"
+MAX_ATTEMPTS = 20
+
+
+class ApplyFailed(RuntimeError):
+    """The write could not be applied after repeated concurrent-commit retries."""
+
+
+def open_table(table_uri: str, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``table_uri`` (at ``version`` if given), or None if none exists yet."""
+    path = local_path(table_uri)
+    if not DeltaTable.is_deltatable(path):
+        return None
+    return DeltaTable(path, version=version) if version is not None else DeltaTable(path)
+
+
+def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int, txn_id: str,
+                      commit_ts: int) -> int:
+    """Idempotently commits the prewritten add actions of ``write`` to its Delta table.
+
+    Returns:
+        The Delta version that holds the write (the existing one if it was applied before).
+
+    Raises:
+        ApplyFailed: concurrent commits kept winning for MAX_ATTEMPTS tries.
+    """
+    properties = CommitProperties(
+        custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts)},
+        max_commit_retries=0,
+        app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
+    )
+    adds = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True,
+                      f.stats or "{}") for f in write.add_files]
+    schema = Schema.from_json(write.schema_json)
+    for attempt in range(MAX_ATTEMPTS):
+        table = open_table(write.table)
+        try:
+            if table is None:
+                create_table_with_add_actions(
+                    local_path(write.table), schema, adds, mode="error",
+                    partition_by=list(write.partition_by) or None,
+                    commit_properties=properties)
+                return 0
+            done = table.transaction_version(app_id)
+            if done is not None and done >= app_version:
+                return _version_of(table, txn_id, app_id, app_version)
+            actions = adds + _removes(table, write)
+            table.create_write_transaction(
+                actions, "append", schema, partition_by=list(write.partition_by) or None,
+                commit_properties=properties)
+            table.update_incremental()
+            return _version_of(table, txn_id, app_id, app_version)
+        except (DeltaError, TableNotFoundError) as exc:
+            if not _lost_a_race(exc):
+                raise
+            log.info("concurrent Delta commit; re-checking", extra={
+                "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+    raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
+                      f"{MAX_ATTEMPTS} concurrent-commit retries")
+
+
+def _lost_a_race(exc: Exception) -> bool:
+    """A concurrent writer won: our commit or our table creation found the version taken."""
+    if isinstance(exc, (CommitFailedError, TableNotFoundError)):
+        return True
+    return "already exists" in str(exc).lower()
+
+
+def _removes(table: DeltaTable, write: TableWriteRecord) -> list[RemoveAction]:
+    """Remove actions for the files an overwrite replaces (explicit, so nothing else goes)."""
+    if write.mode == WriteMode.APPEND:
+        return []
+    replaced = [_normalise(p) for p in write.replace_partitions]
+    now = int(time.time() * 1000)
+    removes = []
+    for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
+        values = _normalise(add.get("partition") or {})
+        if write.mode == WriteMode.OVERWRITE or values in replaced:
+            removes.append(RemoveAction(add["path"], True, now, add["size_bytes"],
+                                        add.get("partition") or {}))
+    return removes
+
+
+def _normalise(values: PartitionValues) -> dict[str, str | None]:
+    return {k: (None if v is None else str(v)) for k, v in values.items()}
+
+
+def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int) -> int:
+    """The Delta version whose commitInfo names ``txn_id``, searched from the newest."""
+    for entry in table.history():
+        if entry.get(TXN_ID_KEY) == txn_id:
+            return int(entry["version"])
+    raise AssertionError(
+        f"{table.table_uri} records app transaction {app_id} >= {app_version} but no commit "
+        f"of transaction {txn_id}: written by something other than percolake?")
+
+
+def table_schema_json(table_uri: str) -> str | None:
+    """The current Delta schema JSON of a table, or None if the table does not exist."""
+    table = open_table(table_uri)
+    return None if table is None else table.schema().to_json()
+
+
+def table_partition_columns(table_uri: str) -> list[str] | None:
+    table = open_table(table_uri)
+    return None if table is None else list(table.metadata().partition_columns)
+
+
+def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str],
+                             existing_partitions: list[str]) -> str | None:
+    """A message naming the columns that differ, or None when the new write fits the table."""
+    existing = {f["name"]: f for f in json.loads(existing_json)["fields"]}
+    new = {f["name"]: f for f in json.loads(new_json)["fields"]}
+    problems = []
+    missing = sorted(set(existing) - set(new))
+    extra = sorted(set(new) - set(existing))
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if extra:
+        problems.append(f"unknown columns {extra}")
+    for name in sorted(set(existing) & set(new)):
+        if existing[name]["type"] != new[name]["type"]:
+            problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "
+                            f"table but {json.dumps(new[name]['type'])} in the batch")
+    if partition_by and list(partition_by) != list(existing_partitions):
+        problems.append(f"partitioned by {existing_partitions}, not {list(partition_by)}")
+    return "; ".join(problems) or None
