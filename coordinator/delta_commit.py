@@ -8,6 +8,7 @@ retry, so a concurrent apply makes ours fail and re-check instead of writing twi
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import time
@@ -102,13 +103,25 @@ def _removes(table: DeltaTable, write: TableWriteRecord) -> list[RemoveAction]:
     for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
         values = _normalise(add.get("partition") or {})
         if write.mode == WriteMode.OVERWRITE or values in replaced:
-            removes.append(RemoveAction(add["path"], True, now, add["size_bytes"],
-                                        add.get("partition") or {}))
+            removes.append(RemoveAction(add["path"], True, now, add["size_bytes"], values))
     return removes
 
 
 def _normalise(values: PartitionValues) -> dict[str, str | None]:
-    return {k: (None if v is None else str(v)) for k, v in values.items()}
+    """Partition values as Delta's strings (delta-rs hands them back typed)."""
+    return {k: _partition_string(v) for k, v in values.items()}
+
+
+def _partition_string(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return str(value)
 
 
 def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int) -> int:

@@ -1,0 +1,39 @@
+"""Errors the Spark side raises; each names what happened and what to do."""
+
+from __future__ import annotations
+
+
+class PercolakeError(RuntimeError):
+    """Base class of every percolake error on the Spark side."""
+
+
+class CoordinatorUnavailable(PercolakeError):
+    """The coordinator did not answer within the retry budget; nothing was guessed."""
+
+
+class CommitOutcomeUnknown(CoordinatorUnavailable):
+    """The commit request may or may not have been decided; a replay of the batch finds out."""
+
+
+class BatchRefused(PercolakeError):
+    """FAILED_PRECONDITION: fenced driver, another query id, or a state that forbids the call."""
+
+
+class WriteConflict(PercolakeError):
+    """A table stayed held by another live transaction."""
+
+
+class TransactionAborted(PercolakeError):
+    """The attempt was aborted (timeout, newer attempt); Spark's retry of the batch starts anew."""
+
+
+class InvalidRequest(PercolakeError):
+    """The coordinator refused the request as malformed, outside the warehouse, or too large."""
+
+
+class SchemaMismatch(PercolakeError):
+    """The batch's schema does not fit the existing table; nothing was written."""
+
+
+class TableNotWritten(PercolakeError):
+    """The table has no committed write at or before the snapshot."""

@@ -1,0 +1,264 @@
+"""The participant: one ``foreachBatch`` call becomes one percolake transaction.
+
+Per batch: register (once per Spark query id) → Open → the user's function writes each table
+through :class:`BatchTransaction` (declare, executors write files, prewrite) → Commit (the one
+durable decision) → each table's Delta commit with delta-rs and ReportApplied. A batch the
+coordinator already committed is not written again: only its missing secondaries are finished.
+After Commit nothing calls the JVM, so a stopping query cannot strand a secondary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from coordinator import codec
+from coordinator.cleanup import remove_attempt_files
+from coordinator.delta_commit import (
+    apply_table_write,
+    describe_schema_mismatch,
+    table_partition_columns,
+    table_schema_json,
+)
+from coordinator.failpoints import fail_point
+from coordinator.records import TableWriteRecord, WriteMode, delta_app_id
+from coordinator.warehouse import canonical_table_uri
+from percolake.v1 import coordinator_pb2 as pb
+from sparkside.client import CoordinatorClient
+from sparkside.errors import (
+    BatchRefused,
+    CommitOutcomeUnknown,
+    CoordinatorUnavailable,
+    SchemaMismatch,
+)
+from sparkside.heartbeat import Heartbeat
+from sparkside.writer import delta_schema_json, write_files
+
+log = logging.getLogger("percolake.participant")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+UserFunction = Callable[[DataFrame, int, "BatchTransaction"], Any]
+MODES = {m.value: m for m in WriteMode}
+CHECKPOINT_RESET_POLICIES = ("refuse", "new_generation")
+
+
+class BatchTransaction:
+    """What the user's function writes through: ``txn.write(df, table, mode, partition_by)``."""
+
+    def __init__(self, client: CoordinatorClient, txn: pb.Transaction,
+                 epoch: int | None) -> None:
+        self._client = client
+        self.txn_id = txn.txn_id
+        self.batch_id = txn.batch_id
+        self._epoch = epoch
+        self.writes: dict[str, TableWriteRecord] = {}
+        self.locations: dict[str, str] = {}
+
+    def write(self, df: DataFrame, table: str, mode: str = "append",
+              partition_by: list[str] | None = None) -> None:
+        """Writes ``df`` to the Delta table at ``table`` as part of this batch's transaction.
+
+        Args:
+            df: the rows; Spark's executors write them once, in parallel.
+            table: absolute path or ``file://`` URI under a warehouse root.
+            mode: ``append``, ``overwrite`` (whole table) or ``overwrite_partitions`` (only the
+                partitions present in ``df``).
+            partition_by: partition columns; on the first write they create a partitioned
+                table, later they must match the table.
+
+        Raises:
+            SchemaMismatch: the schema does not fit the table (nothing was written).
+            WriteConflict: another live transaction holds the table.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+        request = pb.DeclareTablesRequest(txn_id=self.txn_id, tables=[table])
+        if self._epoch is not None:
+            request.epoch = self._epoch
+        canonical = canonical_table_uri(table)
+        if canonical in self.writes:
+            raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
+                             "union the DataFrames into one write")
+        reply = self._client.call("DeclareTables", request)
+        location = {loc.table: loc.write_location for loc in reply.locations}[canonical]
+        self.locations[canonical] = location
+        partitions = self._check_schema(df, canonical, list(partition_by or []), mode)
+        adds = write_files(df, canonical, location, partitions)
+        fail_point("mid-prewrite")
+        replace = ()
+        if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
+            distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
+                        for a in adds}
+            replace = tuple(dict(values) for values in sorted(distinct, key=str))
+        write = TableWriteRecord(canonical, MODES[mode], tuple(adds),
+                                 delta_schema_json(df), tuple(partitions), replace)
+        prewrite = pb.PrewriteRequest(txn_id=self.txn_id, writes=[codec.table_write_to_pb(write)])
+        if self._epoch is not None:
+            prewrite.epoch = self._epoch
+        self._client.call("Prewrite", prewrite)
+        self.writes[canonical] = write
+
+    def _check_schema(self, df: DataFrame, table: str, partition_by: list[str],
+                      mode: str) -> list[str]:
+        existing = table_schema_json(table)
+        if existing is None:
+            if mode == "overwrite_partitions" and not partition_by:
+                raise ValueError(f"overwrite_partitions of new table {table} needs partition_by")
+            return partition_by
+        current = table_partition_columns(table) or []
+        problem = describe_schema_mismatch(existing, delta_schema_json(df), partition_by,
+                                           current)
+        if problem:
+            raise SchemaMismatch(f"batch {self.batch_id} does not fit table {table}: {problem}. "
+                                 "Nothing was written.")
+        if mode == "overwrite_partitions" and not current:
+            raise ValueError(f"overwrite_partitions needs a partitioned table; {table} is not")
+        return current
+
+
+class Participant:
+    """Turns ``foreachBatch`` into one atomic, exactly-once transaction per micro-batch.
+
+    Args:
+        target: the coordinator's ``host:port``.
+        pipeline_id: stable name of the streaming query (like Kafka's transactional.id).
+        retry_s: how long transient coordinator failures are retried before the batch fails.
+        heartbeat_s: heartbeat interval from Open until Commit (at most timeout / 3).
+        on_checkpoint_reset: ``"refuse"`` (default): a new checkpoint (new Spark query id) fails
+            the batch until an explicit reset; ``"new_generation"``: reset automatically, with
+            a warning, unless a driver of the old generation is still active.
+    """
+
+    def __init__(self, target: str, pipeline_id: str, *, retry_s: float = 60.0,
+                 heartbeat_s: float = 10.0, on_checkpoint_reset: str = "refuse") -> None:
+        if on_checkpoint_reset not in CHECKPOINT_RESET_POLICIES:
+            raise ValueError(f"on_checkpoint_reset must be one of {CHECKPOINT_RESET_POLICIES}")
+        self.pipeline_id = pipeline_id
+        self.client = CoordinatorClient(target, retry_s)
+        self.heartbeat_s = heartbeat_s
+        self.on_checkpoint_reset = on_checkpoint_reset
+        self._query_id: str | None = None
+        self.epoch: int | None = None
+        self.generation: int | None = None
+
+    def wrap(self, fn: UserFunction) -> Callable[[DataFrame, int], None]:
+        """The function to hand to ``writeStream.foreachBatch``."""
+
+        def batch_function(batch_df: DataFrame, batch_id: int) -> None:
+            self.run_batch(batch_df, batch_id, fn)
+
+        return batch_function
+
+    def run_batch(self, batch_df: DataFrame, batch_id: int, fn: UserFunction) -> None:
+        """Runs one micro-batch as one transaction (see the module doc)."""
+        query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        self._register(query_id)
+        request = pb.OpenTransactionRequest(pipeline_id=self.pipeline_id, batch_id=batch_id,
+                                            epoch=self.epoch)
+        if query_id:
+            request.query_id = query_id
+        opened = self.client.call("OpenTransaction", request)
+        txn = opened.transaction
+        if opened.already_committed:
+            log.info("batch %s of %s already committed (%s); finishing secondaries only",
+                     batch_id, self.pipeline_id, txn.txn_id)
+            self.finish_secondaries(txn.txn_id)
+            return
+        fail_point("after-open")
+        handle = BatchTransaction(self.client, txn, self.epoch)
+        try:
+            with Heartbeat(self.client, txn.txn_id, self.epoch, self.heartbeat_s):
+                fn(batch_df, batch_id, handle)
+                fail_point("after-prewrite")
+                committed = self._commit(handle)
+        except BaseException as exc:
+            self._abort(handle, exc)
+            raise
+        fail_point("after-commit-reply")
+        self._apply(committed, handle.writes)
+
+    def finish_secondaries(self, txn_id: str) -> None:
+        """Applies whatever tables of a committed transaction are not yet applied."""
+        txn = self.client.get_transaction(txn_id, include_writes=True)
+        writes = {p.table: codec.table_write_from_pb(p.write)
+                  for p in txn.participants if not p.applied}
+        self._apply(txn, writes)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _register(self, query_id: str | None) -> None:
+        if self.epoch is not None and query_id == self._query_id:
+            return
+        try:
+            reply = self.client.register(self.pipeline_id, query_id)
+        except BatchRefused as refused:
+            if self.on_checkpoint_reset != "new_generation" or "query id" not in str(refused):
+                raise
+            log.warning("pipeline %s: Spark query id changed to %s (new checkpoint); "
+                        "on_checkpoint_reset='new_generation' starts a new generation",
+                        self.pipeline_id, query_id)
+            self.client.call("ResetPipeline", pb.ResetPipelineRequest(
+                pipeline_id=self.pipeline_id, require_idle=True,
+                reason=f"automatic: new Spark query id {query_id} "
+                       "(on_checkpoint_reset='new_generation')"))
+            reply = self.client.register(self.pipeline_id, query_id)
+        self.epoch, self.generation, self._query_id = reply.epoch, reply.generation, query_id
+        log.info("pipeline %s registered: epoch %s, generation %s", self.pipeline_id,
+                 self.epoch, self.generation)
+
+    def _commit(self, handle: BatchTransaction) -> pb.Transaction:
+        request = pb.CommitTransactionRequest(txn_id=handle.txn_id, epoch=self.epoch,
+                                              tables=list(handle.writes))
+        try:
+            return self.client.call("CommitTransaction", request).transaction
+        except CoordinatorUnavailable as exc:
+            raise CommitOutcomeUnknown(
+                f"the commit of batch {handle.batch_id} ({handle.txn_id}) may or may not have "
+                f"happened: {exc}. The batch fails; its replay asks the coordinator, which "
+                "knows.") from exc
+
+    def _abort(self, handle: BatchTransaction, cause: BaseException) -> None:
+        """Aborts the attempt; its files go only once the coordinator confirms ABORTED."""
+        if isinstance(cause, CommitOutcomeUnknown):
+            return  # maybe committed: never abort, never delete
+        request = pb.AbortTransactionRequest(txn_id=handle.txn_id, epoch=self.epoch,
+                                             reason=f"{type(cause).__name__}: {cause}"[:900])
+        try:
+            reply = self.client.call("AbortTransaction", request, retry_s=10)
+        except Exception as exc:  # the coordinator expires it and deletes its files then
+            log.warning("abort of %s not confirmed: %s", handle.txn_id, exc)
+            return
+        if reply.transaction.state != pb.ABORTED:
+            return
+        # The coordinator deleted them already; this catches files an executor wrote late.
+        for location in handle.locations.values():
+            try:
+                remove_attempt_files(location)
+            except OSError as exc:
+                log.warning("could not delete %s: %s", location, exc)
+
+    def _apply(self, txn: pb.Transaction, writes: dict[str, TableWriteRecord]) -> None:
+        """Secondaries: each table's Delta commit (delta-rs only), then ReportApplied."""
+        app_id = delta_app_id(txn.pipeline_id, txn.generation)
+        for table, write in writes.items():
+            try:
+                version = apply_table_write(write, app_id=app_id, app_version=txn.batch_id,
+                                            txn_id=txn.txn_id, commit_ts=txn.commit_ts)
+                request = pb.ReportAppliedRequest(
+                    txn_id=txn.txn_id, epoch=self.epoch,
+                    tables=[pb.AppliedTable(table=table, delta_version=version)])
+                self.client.call("ReportApplied", request)
+            except Exception as exc:  # committed: the coordinator rolls it forward (I4)
+                log.warning("secondary of %s on %s not finished (%s); the coordinator will "
+                            "roll it forward", txn.txn_id, table, exc)
+                return
+            fail_point("after-secondary")
+        fail_point("after-all-secondaries")

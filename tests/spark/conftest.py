@@ -1,0 +1,74 @@
+"""Spark fixtures: one local SparkSession for the whole run, one coordinator per module."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from coordinator import failpoints
+from sparkside import Participant, local_spark
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = local_spark("percolake-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def lake_daemon(daemon_factory):  # noqa: ANN001, ANN201 - tests/conftest.py's factory
+    """A coordinator for a module's Spark tests; each test uses tables of its own."""
+    running = daemon_factory.start(["--roll-forward-after", "2", "--conflict-wait", "5"],
+                                   name="lake")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def lake(lake_daemon, tmp_path: Path) -> Path:  # noqa: ANN001
+    """A folder of tables for one test, under the module daemon's warehouse."""
+    folder = lake_daemon.warehouse / uuid.uuid4().hex[:10]
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def no_failpoints() -> Iterator[None]:
+    yield
+    failpoints.disable()
+
+
+def rate_stream(spark: SparkSession, rows_per_batch: int) -> DataFrame:
+    """``value`` runs 0, 1, 2, ...: batch b holds values [b * rows, (b + 1) * rows)."""
+    return (spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", rows_per_batch).option("numPartitions", 2).load())
+
+
+def run_until(spark: SparkSession, participant: Participant, fn: Callable, checkpoint: Path,
+              done: Callable[[], bool], rows_per_batch: int = 10,
+              timeout_s: float = 120) -> StreamingQuery:
+    """Runs a rate-micro-batch query through the participant until ``done()``; then stops it.
+
+    Returns the stopped query (its ``exception()`` says whether it failed by itself).
+    """
+    query = (rate_stream(spark, rows_per_batch).writeStream
+             .foreachBatch(participant.wrap(fn))
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(processingTime="0 seconds").start())
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not done() and query.isActive:
+            if time.monotonic() > deadline:
+                raise TimeoutError("streaming query did not reach its goal in time")
+            time.sleep(0.1)
+    finally:
+        query.stop()
+    return query

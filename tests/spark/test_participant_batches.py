@@ -1,0 +1,92 @@
+"""The participant on plain DataFrames: modes, partitions, schemas, time travel."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+from sparkside import ConsistentReader, Participant, SchemaMismatch, TableNotWritten
+from tests.spark.helpers import committed_batches, transactions
+
+pytestmark = pytest.mark.spark
+
+
+def frame(spark, values, day=None):  # noqa: ANN001, ANN201
+    data = [(v, f"name-{v}", datetime.date(2026, 1, 1 + (day if day is not None else v % 3)))
+            for v in values]
+    return spark.createDataFrame(data, "id long, name string, day date")
+
+
+def test_partitioned_overwrite_partitions_reads_back_with_partition_columns(
+        spark, lake_daemon, lake):
+    participant = Participant(lake_daemon.target, pipeline_id=f"parts-{lake.name}")
+    table = str(lake / "daily")
+
+    def write(values, mode="append"):  # noqa: ANN001, ANN202
+        return lambda df, batch_id, txn: txn.write(frame(spark, values), table, mode=mode,
+                                                   partition_by=["day"])
+
+    participant.run_batch(spark.range(1), 0, write(range(9)))
+    participant.run_batch(spark.range(1), 1, write([100, 103], mode="overwrite_partitions"))
+    snap = ConsistentReader(spark, lake_daemon.target).snapshot([table])
+    got = sorted((r.id, r.day.day) for r in snap.table(table).collect())
+    # day 2 (v % 3 == 1) was replaced by 100 and 103; days 1 and 3 are untouched
+    assert got == sorted([(v, 1 + v % 3) for v in range(9) if v % 3 != 1] + [(100, 2), (103, 2)])
+    assert snap.table(table).schema.fieldNames() == ["id", "name", "day"]
+    assert DeltaTable(table).metadata().partition_columns == ["day"]
+    stats = DeltaTable(table).get_add_actions(flatten=True)
+    assert "num_records" in stats.schema.names and "min.id" in stats.schema.names
+
+
+def test_schema_mismatch_is_refused_before_anything_is_written(spark, lake_daemon, lake):
+    participant = Participant(lake_daemon.target, pipeline_id=f"schema-{lake.name}")
+    table = str(lake / "people")
+    participant.run_batch(spark.range(1), 0,
+                          lambda df, b, txn: txn.write(frame(spark, [1, 2]), table))
+    wrong = spark.createDataFrame([(1, 2.5)], "id string, score double")
+    with pytest.raises(SchemaMismatch, match="score") as refused:
+        participant.run_batch(spark.range(1), 1, lambda df, b, txn: txn.write(wrong, table))
+    assert "'id'" in str(refused.value) and "name" in str(refused.value)
+    assert DeltaTable(table).version() == 0
+    attempt = [t for t in transactions(lake_daemon.stub, participant.pipeline_id)
+               if t.batch_id == 1][0]
+    assert not (lake / "people" / "_percolake" / attempt.txn_id).exists()
+
+
+def test_time_travel_by_commit_ts_and_by_batch_is_the_state_after_that_batch(
+        spark, lake_daemon, lake):
+    pipeline = f"travel-{lake.name}"
+    participant = Participant(lake_daemon.target, pipeline_id=pipeline)
+    a, b = str(lake / "a"), str(lake / "b")
+    for batch in range(4):
+        def write(df, batch_id, txn, batch=batch):  # noqa: ANN001, ANN202
+            txn.write(frame(spark, [batch]), a)
+            if batch % 2 == 0:
+                txn.write(frame(spark, [batch]), b, mode="overwrite")
+        participant.run_batch(spark.range(1), batch, write)
+    commits = committed_batches(lake_daemon.stub, pipeline)
+    reader = ConsistentReader(spark, lake_daemon.target)
+    for batch in range(4):
+        for as_of in (commits[batch].commit_ts, (pipeline, batch), (pipeline, 0, batch)):
+            snap = reader.snapshot([a, b], as_of=as_of)
+            assert sorted(r.id for r in snap.table(a).collect()) == list(range(batch + 1))
+            assert [r.id for r in snap.table(b).collect()] == [batch - batch % 2]
+    with pytest.raises(TableNotWritten):
+        reader.snapshot([str(lake / "never")]).table(str(lake / "never"))
+
+
+def test_replay_of_a_committed_batch_skips_the_user_function(spark, lake_daemon, lake):
+    participant = Participant(lake_daemon.target, pipeline_id=f"skip-{lake.name}")
+    calls: list[int] = []
+
+    def write(df, batch_id, txn):  # noqa: ANN001, ANN202
+        calls.append(batch_id)
+        txn.write(df.withColumn("batch", F.lit(batch_id)), str(lake / "t"))
+
+    participant.run_batch(spark.range(3), 0, write)
+    participant.run_batch(spark.range(3), 0, write)
+    assert calls == [0]
+    assert DeltaTable(str(lake / "t")).to_pyarrow_table().num_rows == 3
