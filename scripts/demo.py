@@ -1,0 +1,219 @@
+"""percolake demo: a streaming bank-transfer job writing three Delta tables atomically.
+
+It starts a coordinator (SQLite in a temporary data dir), runs a Spark streaming job whose every
+micro-batch moves money between accounts and writes a debits, a credits and a balances table
+through the participant, and meanwhile reads the tables two ways:
+
+- naively: each table's latest Delta version on its own, one after the other;
+- through percolake: one snapshot (a Delta version per table) from the coordinator.
+
+Money is only moved, never made, so sum(debits) == sum(credits) in every consistent state. The
+demo counts how many reads of each kind broke that, shows the transactions with grpcurl, and
+ends by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from coordinator.launcher import DaemonProcess  # noqa: E402
+from sparkside import ConsistentReader, Participant, local_spark  # noqa: E402
+
+ACCOUNTS = 8
+OPENING_BALANCE = 1_000
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def table_sum(path: Path, version: int | None = None) -> int | None:
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    table = DeltaTable(str(path), version=version) if version is not None \
+        else DeltaTable(str(path))
+    amounts = table.to_pyarrow_table(columns=["amount"]).column("amount")
+    return int(pyarrow.compute.sum(amounts).as_py() or 0)
+
+
+class Readers:
+    """Two reader threads: naive (latest version of each table) and snapshot-consistent."""
+
+    def __init__(self, spark, target: str, lake: Path) -> None:  # noqa: ANN001
+        self.lake = lake
+        self.reader = ConsistentReader(spark, target)
+        self.stop = threading.Event()
+        self.naive = [0, 0]      # reads, broken
+        self.snapshot = [0, 0]   # reads, broken
+        self.threads = [threading.Thread(target=self._naive_loop, daemon=True),
+                        threading.Thread(target=self._snapshot_loop, daemon=True)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def _naive_loop(self) -> None:
+        while not self.stop.is_set():
+            debits = table_sum(self.lake / "debits")
+            time.sleep(0.02)  # a reader is never instantaneous: another table, a moment later
+            credits = table_sum(self.lake / "credits")
+            if debits is None or credits is None:
+                continue
+            self.naive[0] += 1
+            self.naive[1] += debits != credits
+
+    def _snapshot_loop(self) -> None:
+        tables = [str(self.lake / "debits"), str(self.lake / "credits")]
+        while not self.stop.is_set():
+            snap = self.reader.snapshot(tables)
+            if None in snap.versions.values():
+                time.sleep(0.1)
+                continue
+            debits = table_sum(self.lake / "debits", snap.versions[tables[0]])
+            time.sleep(0.02)
+            credits = table_sum(self.lake / "credits", snap.versions[tables[1]])
+            self.snapshot[0] += 1
+            self.snapshot[1] += debits != credits
+
+
+def bank_job(spark, lake: Path):  # noqa: ANN001, ANN201
+    """The user's foreachBatch: transfers become debits, credits and new balances."""
+
+    def write_batch(batch_df, batch_id, txn):  # noqa: ANN001, ANN202
+        transfers = batch_df.select(
+            F.col("value").alias("transfer"),
+            (F.col("value") % ACCOUNTS).alias("from_account"),
+            ((F.col("value") * 3 + 1) % ACCOUNTS).alias("to_account"),
+            (F.col("value") % 50 + 1).alias("amount"),
+        ).withColumn("batch", F.lit(batch_id)).cache()
+        debits = transfers.select("batch", "transfer",
+                                  F.col("from_account").alias("account"), "amount")
+        credits = transfers.select("batch", "transfer",
+                                   F.col("to_account").alias("account"), "amount")
+        moved = {r["account"]: r["net"] for r in (
+            credits.select("account", F.col("amount").alias("net"))
+            .unionByName(debits.select("account", (-F.col("amount")).alias("net")))
+            .groupBy("account").agg(F.sum("net").alias("net")).collect())}
+        balances_path = lake / "balances"
+        previous = ({r["account"]: r["balance"] for r in
+                     DeltaTable(str(balances_path)).to_pyarrow_table().to_pylist()}
+                    if DeltaTable.is_deltatable(str(balances_path)) else {})
+        balances = [(a, previous.get(a, OPENING_BALANCE) + moved.get(a, 0), batch_id)
+                    for a in range(ACCOUNTS)]
+        txn.write(debits, str(lake / "debits"))
+        txn.write(credits, str(lake / "credits"))
+        txn.write(spark.createDataFrame(balances, "account long, balance long, batch long"),
+                  str(balances_path), mode="overwrite")
+        transfers.unpersist()
+
+    return write_batch
+
+
+def grpcurl(target: str, *args: str) -> str:
+    binary = Path(sys.executable).parent / "grpcurl"
+    command = [str(binary) if binary.exists() else "grpcurl", "-plaintext", *args]
+    if len(args) > 1:
+        command.insert(-1, target)
+    else:
+        command.append(target)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    return (result.stdout or result.stderr).strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60, help="how long the job streams")
+    parser.add_argument("--rows-per-batch", type=int, default=40, help="transfers per batch")
+    parser.add_argument("--keep", action="store_true", help="keep the data and tables")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="percolake-demo-"))
+    lake = work / "lake"
+    lake.mkdir()
+    say(f"working in {work}")
+    daemon = DaemonProcess(work / "coordinator-data", [str(lake)])
+    daemon.start()
+    say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir})")
+    spark = local_spark("percolake-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    say("Spark started; streaming bank transfers into debits, credits and balances")
+
+    participant = Participant(daemon.target, pipeline_id="bank")
+    stream = (spark.readStream.format("rate-micro-batch")
+              .option("rowsPerBatch", args.rows_per_batch).option("numPartitions", 2).load())
+    query = (stream.writeStream.foreachBatch(participant.wrap(bank_job(spark, lake)))
+             .option("checkpointLocation", str(work / "checkpoints" / "bank"))
+             .trigger(processingTime="0 seconds").start())
+    readers = Readers(spark, daemon.target, lake)
+    readers.start()
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < args.seconds and query.isActive:
+            time.sleep(5)
+            progress = query.lastProgress or {}
+            say(f"batch {progress.get('batchId', '-'):>3} | naive reads {readers.naive[0]:>4} "
+                f"({readers.naive[1]} broken) | snapshot reads {readers.snapshot[0]:>4} "
+                f"({readers.snapshot[1]} broken)")
+    finally:
+        query.stop()
+        readers.finish()
+    if query.exception():
+        say(f"the streaming query failed: {query.exception()}")
+        return 1
+
+    snap = ConsistentReader(spark, daemon.target).snapshot(
+        [str(lake / "debits"), str(lake / "credits"), str(lake / "balances")])
+    debits = snap.table(str(lake / "debits")).agg(F.sum("amount")).first()[0]
+    credits = snap.table(str(lake / "credits")).agg(F.sum("amount")).first()[0]
+    total = snap.table(str(lake / "balances")).agg(F.sum("balance")).first()[0]
+    print()
+    print("=" * 72)
+    print(f"naive reads:    {readers.naive[0]:>5}, of which broke sum(debits) == sum(credits): "
+          f"{readers.naive[1]}")
+    print(f"snapshot reads: {readers.snapshot[0]:>5}, of which broke sum(debits) == "
+          f"sum(credits): {readers.snapshot[1]}")
+    print(f"final snapshot {snap.snapshot_ts}: versions {snap.versions}")
+    print(f"  sum(debits) = {debits}, sum(credits) = {credits}, total balance = {total} "
+          f"(opening {ACCOUNTS * OPENING_BALANCE})")
+    print("=" * 72)
+    print("\n$ grpcurl -plaintext", daemon.target, "list")
+    print(grpcurl(daemon.target, "list"))
+    print(f"\n$ grpcurl -plaintext -d '{{\"pipeline_id\":\"bank\",\"page_size\":2}}' "
+          f"{daemon.target} percolake.v1.Coordinator/ListTransactions")
+    print(grpcurl(daemon.target, "-d", '{"pipeline_id":"bank","page_size":2}',
+                  "percolake.v1.Coordinator/ListTransactions"))
+    spark.stop()
+    daemon.stop()
+    if args.keep:
+        say(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    consistent = readers.snapshot[1] == 0 and debits == credits \
+        and total == ACCOUNTS * OPENING_BALANCE
+    say("done: every snapshot read was consistent" if consistent
+        else "INCONSISTENCY FOUND: see above")
+    return 0 if consistent else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
