@@ -125,10 +125,15 @@ def _partition_string(value: object) -> str | None:
 
 
 def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int) -> int:
-    """The Delta version whose commitInfo names ``txn_id``, searched from the newest."""
-    for entry in table.history():
-        if entry.get(TXN_ID_KEY) == txn_id:
-            return int(entry["version"])
+    """The Delta version whose commitInfo names ``txn_id``, searched from the newest.
+
+    The table stays held until this write is reported applied, so it is nearly always among
+    the newest commits: look there first, then through the whole history.
+    """
+    for limit in (20, None):
+        for entry in table.history(limit):
+            if entry.get(TXN_ID_KEY) == txn_id:
+                return int(entry["version"])
     raise AssertionError(
         f"{table.table_uri} records app transaction {app_id} >= {app_version} but no commit "
         f"of transaction {txn_id}: written by something other than percolake?")
