@@ -26,6 +26,13 @@ def _positive(kind: type) -> object:
     return parse
 
 
+def _retention(text: str) -> float:
+    value = float(text)
+    if value != 0 and value < 24:
+        raise argparse.ArgumentTypeError(f"must be 0 (keep everything) or >= 24, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="percolake-coordinator",
@@ -66,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-intent-bytes", type=_positive(int), default=16 * 1024 * 1024,
                        help="largest write intent of one table; larger ones are refused with "
                        "RESOURCE_EXHAUSTED, never truncated")
+    serve.add_argument("--retention-hours", type=_retention, default=168.0, metavar="HOURS",
+                       help="APPLIED and ABORTED transactions older than this are deleted from "
+                       "the store (keeping what latest snapshots, replays and time travel after "
+                       "the horizon need); time travel to before it is refused. At least 24 "
+                       "(aborted attempts are swept for 24 h); 0 keeps everything")
     serve.add_argument("--max-message-bytes", type=_positive(int), default=64 * 1024 * 1024,
                        help="largest gRPC message accepted")
     serve.add_argument("--max-workers", type=_positive(int), default=32,
@@ -103,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         warehouse_roots=args.warehouse, txn_timeout_s=args.txn_timeout,
         conflict_wait_s=args.conflict_wait, snapshot_wait_s=args.snapshot_wait,
         roll_forward_after_s=args.roll_forward_after, max_intent_bytes=args.max_intent_bytes,
+        retention_hours=args.retention_hours,
     )
     options = ServerOptions(host=args.host, port=args.port, max_workers=args.max_workers,
                             max_message_bytes=args.max_message_bytes,

@@ -34,7 +34,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.failpoints import fail_point
-from coordinator.oracle import TimestampOracle, wall_ms_of
+from coordinator.oracle import LOGICAL_BITS, TimestampOracle, wall_ms_of
 from coordinator.records import (
     PipelineRecord,
     ResetRecord,
@@ -50,6 +50,8 @@ from coordinator.warehouse import Warehouse, write_location
 log = logging.getLogger("percolake.coordinator")
 
 Applier = Callable[..., int]
+RESOLVE_CACHE_S = 1.0
+SWEEP_INTERVAL_S = 30.0
 
 
 def _now_ms() -> int:
@@ -67,6 +69,10 @@ class CoordinatorConfig:
     roll_forward_after_s: float = 10.0
     resolver_interval_s: float = 1.0
     max_intent_bytes: int = 16 * 1024 * 1024
+    # APPLIED and ABORTED transactions older than this are pruned (0: keep everything); see
+    # prune_history for what is always kept.
+    retention_hours: float = 168.0
+    retention_interval_s: float = 600.0
 
 
 @dataclass
@@ -103,6 +109,7 @@ class TransactionCoordinator:
         self._timeouts: dict[str, float] = {}
         self._holders: dict[str, str] = {}
         self._pending_cleanup: set[str] = set()
+        self._resolved: dict[str, tuple[str, float]] = {}
         for txn in store.unfinished_txns():
             self._track(txn)
         self._stop = threading.Event()
@@ -283,7 +290,8 @@ class TransactionCoordinator:
         self._clean_up(superseded)
         fail_point("after-open")
         if canonical:
-            txn = self.declare_tables(txn.txn_id, epoch, canonical)
+            self._declare(txn.txn_id, epoch, canonical)
+            txn = self.get_transaction(txn.txn_id)
         return self._fresh(txn), False
 
     def declare_tables(self, txn_id: str, epoch: int | None, tables: Iterable[str]) -> TxnRecord:
@@ -294,11 +302,16 @@ class TransactionCoordinator:
         """
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
-        canonical = self._resolve_tables(tables)
+        self._declare(txn_id, epoch, self._resolve_tables(tables))
+        return self.get_transaction(txn_id)
+
+    def _declare(self, txn_id: str, epoch: int | None, canonical: list[str]) -> None:
+        """Takes the holds of already canonical tables: every free one in one durable write,
+        then each held one as ``_acquire_table`` resolves it."""
         deadline = time.monotonic() + self.config.conflict_wait_s
+        self._acquire_free_tables(txn_id, epoch, canonical)
         for table in canonical:
             self._acquire_table(txn_id, epoch, table, deadline)
-        return self.get_transaction(txn_id)
 
     def prewrite(self, txn_id: str, epoch: int | None,
                  writes: list[TableWriteRecord]) -> TxnRecord:
@@ -315,7 +328,7 @@ class TransactionCoordinator:
             if txn.state in COMMITTED_STATES:
                 raise FailedPrecondition(f"transaction {txn_id} is already committed")
             self._refuse_different_prewrite(txn, checked)  # before declaring anything
-        self.declare_tables(txn_id, epoch, [w.table for w in checked])
+        self._declare(txn_id, epoch, [w.table for w in checked])
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch)
             updated = self._with_writes(txn, checked)
@@ -407,7 +420,7 @@ class TransactionCoordinator:
         canonical: dict[str, int] = {}
         for table, version in versions.items():
             validation.check_non_negative("delta_version", version)
-            canonical[self.warehouse.resolve(table)] = version
+            canonical[self._canonical(table)] = version
         with self._lock:
             txn = self._get(txn_id)
             self._check_txn_caller(txn, epoch)
@@ -477,8 +490,10 @@ class TransactionCoordinator:
                 raise InvalidArgument(
                     f"as_of_ts {as_of_ts} is in the future (newest timestamp {newest})")
             snapshot_ts = as_of_ts
+            self._check_not_pruned(snapshot_ts, f"as_of_ts {as_of_ts}")
         elif as_of_batch is not None:
             snapshot_ts = self._commit_ts_of_batch(*as_of_batch)
+            self._check_not_pruned(snapshot_ts, f"batch {as_of_batch[2]} (commit_ts {snapshot_ts})")
         else:
             # Under the lock no commit is half-done, so every commit below a fresh ts is durable.
             with self._lock:
@@ -495,7 +510,12 @@ class TransactionCoordinator:
         return Snapshot(snapshot_ts, versions)
 
     def resolve_table(self, table: str) -> str:
-        return self.warehouse.resolve(table)
+        return self._canonical(table)
+
+    def wait_durable(self) -> None:
+        """Returns once every state change made so far is on stable storage; called before
+        every reply (I8), it lets the store commit concurrent requests' writes together."""
+        self.store.flush()
 
     # ------------------------------------------------------------------ background resolver
 
@@ -538,14 +558,67 @@ class TransactionCoordinator:
             query.after_start_ts = batch[-1].start_ts
         return swept
 
+    def prune_history(self, now_ms: int | None = None, chunk: int = 2000) -> tuple[int, int]:
+        """Retention: deletes APPLIED/ABORTED history older than ``retention_hours``.
+
+        Kept: every unfinished transaction; per pipeline generation the committed attempt of
+        its newest committed batch (a replay of it must still be answered "already
+        committed", I2); attempts whose file cleanup is still pending; every snapshot-index
+        row at or after the floor (now - horizon) and each table's newest row below it, so
+        latest snapshots and time travel at or after the floor answer exactly as before.
+        Time travel (as_of_ts, as_of_batch) to before the floor is refused afterwards. Runs
+        in chunks, each its own durable batch, so requests interleave.
+
+        Returns:
+            How many transactions and snapshot-index rows were deleted.
+        """
+        if self.config.retention_hours <= 0:
+            return 0, 0
+        now_ms = _now_ms() if now_ms is None else now_ms
+        cutoff_ms = now_ms - int(self.config.retention_hours * 3600 * 1000)
+        floor_ts = max(0, cutoff_ms) << LOGICAL_BITS
+        txns = rows = 0
+        while not self._stop.is_set():
+            with self._lock:
+                keep = frozenset(self._pending_cleanup) | frozenset(self._unfinished)
+            deleted_txns, deleted_rows = self.store.prune(cutoff_ms, floor_ts, chunk, keep)
+            self.store.flush()
+            txns += deleted_txns
+            rows += deleted_rows
+            if deleted_txns < chunk and deleted_rows < chunk:
+                break
+        if txns or rows:
+            log.info("pruned history", extra={"transactions": txns, "index_rows": rows,
+                                               "before_ms": cutoff_ms})
+        return txns, rows
+
+    def _check_not_pruned(self, ts: int, what: str) -> None:
+        floor = self.store.retention_floor_ts()
+        if ts < floor:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_ms_of(floor) / 1000))
+            raise FailedPrecondition(
+                f"{what} is older than the retention floor ({when}, timestamp {floor}): that "
+                "history was pruned (serve --retention-hours); read a later point in time")
+
     def _resolve_loop(self) -> None:
         try:
             self.sweep_recent_aborts()
         except Exception:
             log.exception("sweep of aborted attempts failed")
+        last_sweep = time.monotonic()
+        last_prune = -float("inf")
         while not self._stop.wait(self.config.resolver_interval_s):
             try:
                 self.resolve_once()
+                if time.monotonic() - last_prune >= self.config.retention_interval_s:
+                    last_prune = time.monotonic()
+                    self.prune_history()
+                if time.monotonic() - last_sweep >= SWEEP_INTERVAL_S:
+                    # files written late into an aborted attempt's folder (a frozen driver
+                    # resumed): sweep attempts aborted within a few timeouts again
+                    self.sweep_recent_aborts(horizon_s=3 * self.config.txn_timeout_s
+                                             + SWEEP_INTERVAL_S)
+                    last_sweep = time.monotonic()
             except Exception:
                 log.exception("resolver pass failed")
 
@@ -624,7 +697,7 @@ class TransactionCoordinator:
     def _resolve_tables(self, tables: Iterable[str]) -> list[str]:
         canonical: list[str] = []
         for table in tables:
-            resolved = self.warehouse.resolve(table)
+            resolved = self._canonical(table)
             if resolved not in canonical:
                 canonical.append(resolved)
         if len(canonical) > validation.MAX_TABLES:
@@ -636,7 +709,7 @@ class TransactionCoordinator:
         checked: list[TableWriteRecord] = []
         seen: set[str] = set()
         for write in writes:
-            table = self.warehouse.resolve(write.table)
+            table = self._canonical(write.table)
             if table in seen:
                 raise InvalidArgument(f"table {write.table} appears twice in one prewrite")
             seen.add(table)
@@ -677,6 +750,10 @@ class TransactionCoordinator:
     def _live_txn_for_update(self, txn_id: str, epoch: int | None,
                              allow_committed: bool = False) -> TxnRecord:
         txn = self._get(txn_id)
+        if txn.state == TxnState.ABORTED and txn.tables:
+            # A late writer (a zombie's executors, a resumed driver) may have added files
+            # after the cleanup: delete the folders again.
+            self._pending_cleanup.add(txn_id)
         self._check_txn_caller(txn, epoch)  # fencing first: a zombie learns nothing else
         if txn.state == TxnState.ABORTED:
             raise TransactionAborted(
@@ -692,6 +769,43 @@ class TransactionCoordinator:
                 f"transaction {txn_id} expired (no heartbeat for "
                 f"{self.config.txn_timeout_s:.0f} s) and was aborted; retry the batch")
         return txn
+
+    def _canonical(self, uri: str) -> str:
+        """``Warehouse.resolve`` memoised for RESOLVE_CACHE_S per spelling.
+
+        Following symlinks walks every path component (a system call each) and was the largest
+        CPU cost of a request; a canonical form is re-derived at most once a second, so a
+        symlink changed under a warehouse root takes effect within that second. Refusals are
+        never cached.
+        """
+        now = time.monotonic()
+        hit = self._resolved.get(uri)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        canonical = self.warehouse.resolve(uri)
+        if len(self._resolved) >= 4096:
+            self._resolved.clear()
+        self._resolved[uri] = (canonical, now + RESOLVE_CACHE_S)
+        return canonical
+
+    def _acquire_free_tables(self, txn_id: str, epoch: int | None, tables: list[str]) -> None:
+        """Takes, in one durable write, the hold of every table nobody holds; leaves the rest
+        (and every refusal) to ``_acquire_table``."""
+        with self._lock:
+            txn = self._get(txn_id)
+            new = [t for t in tables if t not in txn.tables]
+            if len(new) < 2 or txn.state not in LIVE_STATES:
+                return
+            txn = self._live_txn_for_update(txn_id, epoch)
+            free = [t for t in new if self._unfinished.get(self._holders.get(t, "")) is None]
+            if not free:
+                return
+            updated = txn.copy()
+            for table in free:
+                updated.tables[table] = TableEntry(table, write_location(table, txn_id))
+            updated.updated_ms = _now_ms()
+            self.store.update_txn(updated)
+            self._track(updated)
 
     def _acquire_table(self, txn_id: str, epoch: int | None, table: str, deadline: float) -> None:
         """Takes the table's hold for txn_id, resolving a committed or expired holder first."""
@@ -746,6 +860,7 @@ class TransactionCoordinator:
                 if entry.applied:
                     return
                 write = entry.write
+            self.store.flush()  # never apply a commit that is not yet durable
             if self._applier is None:
                 raise DeadlineExceeded(f"this coordinator cannot apply Delta commits ({table})")
             version = self._applier(
@@ -862,5 +977,7 @@ class TransactionCoordinator:
         for attempt in self.store.attempts_of(pipeline_id, gen, batch_id):
             if attempt.state in COMMITTED_STATES:
                 return attempt.commit_ts
+        pruned = (" (or it committed before the retention floor and its record was pruned)"
+                  if self.store.retention_floor_ts() else "")
         raise NotFound(f"batch {batch_id} of pipeline {pipeline_id!r} generation {gen} "
-                       "has not committed")
+                       f"has not committed{pruned}")

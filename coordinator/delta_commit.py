@@ -9,9 +9,13 @@ retry, so a concurrent apply makes ours fail and re-check instead of writing twi
 from __future__ import annotations
 
 import datetime
+import decimal
 import json
 import logging
 import time
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
@@ -94,17 +98,66 @@ def _lost_a_race(exc: Exception) -> bool:
 
 
 def _removes(table: DeltaTable, write: TableWriteRecord) -> list[RemoveAction]:
-    """Remove actions for the files an overwrite replaces (explicit, so nothing else goes)."""
+    """Remove actions for the files an overwrite replaces (explicit, so nothing else goes).
+
+    Partitions are compared as typed values (a timestamp written by Spark as
+    ``2026-01-02 00:00:00`` is the one delta-rs hands back as a datetime), and each removed
+    path is the file's real relative path: delta-rs reports add paths URI-encoded as the log
+    stores them and encodes the paths it is given.
+    """
     if write.mode == WriteMode.APPEND:
         return []
-    replaced = [_normalise(p) for p in write.replace_partitions]
+    types = _partition_types(table)
+    replaced = {_partition_key(p, types) for p in write.replace_partitions}
     now = int(time.time() * 1000)
     removes = []
     for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
-        values = _normalise(add.get("partition") or {})
-        if write.mode == WriteMode.OVERWRITE or values in replaced:
-            removes.append(RemoveAction(add["path"], True, now, add["size_bytes"], values))
+        values = add.get("partition") or {}
+        if write.mode == WriteMode.OVERWRITE or _partition_key(values, types) in replaced:
+            removes.append(RemoveAction(unquote(add["path"]), True, now, add["size_bytes"],
+                                        _normalise(values)))
     return removes
+
+
+def _partition_types(table: DeltaTable) -> dict[str, str]:
+    """The Delta type name of each partition column (``"string"`` for nested or unknown)."""
+    fields = json.loads(table.schema().to_json())["fields"]
+    columns = set(table.metadata().partition_columns)
+    return {f["name"]: f["type"] if isinstance(f["type"], str) else "string"
+            for f in fields if f["name"] in columns}
+
+
+def _partition_key(values: Mapping[str, object], types: dict[str, str]) -> tuple:
+    """A hashable, typed form of one partition's values, equal for equal partitions."""
+    return tuple(sorted((k, _typed(v, types.get(k, "string"))) for k, v in values.items()))
+
+
+def _typed(value: object, delta_type: str) -> object:
+    """A partition value, given as Delta's string or as delta-rs's typed value, as a value."""
+    if value is None:
+        return None
+    try:
+        if delta_type in ("timestamp", "timestamp_ntz"):
+            if not isinstance(value, datetime.datetime):
+                text = str(value).strip().replace("T", " ").removesuffix("Z")
+                value = datetime.datetime.fromisoformat(text)
+            if value.tzinfo is not None:
+                value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+            return value
+        if delta_type == "date":
+            return value if isinstance(value, datetime.date) \
+                else datetime.date.fromisoformat(str(value))
+        if delta_type in ("byte", "short", "integer", "long"):
+            return int(value)
+        if delta_type in ("float", "double"):
+            return float(value)
+        if delta_type.startswith("decimal"):
+            return decimal.Decimal(str(value))
+        if delta_type == "boolean":
+            return value if isinstance(value, bool) else str(value).lower() == "true"
+    except (TypeError, ValueError, decimal.InvalidOperation):
+        pass
+    return str(value)
 
 
 def _normalise(values: PartitionValues) -> dict[str, str | None]:
@@ -125,18 +178,32 @@ def _partition_string(value: object) -> str | None:
 
 
 def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int) -> int:
-    """The Delta version whose commitInfo names ``txn_id``, searched from the newest.
+    """The Delta version whose commitInfo names ``txn_id``, read from the log's own files.
 
-    The table stays held until this write is reported applied, so it is nearly always among
-    the newest commits: look there first, then through the whole history.
+    Not ``DeltaTable.history()``: it numbers entries from the version the object loaded, so a
+    commit landing meanwhile shifts every number. The table stays held until this write is
+    reported applied, so the write is nearly always among the newest commits: read backwards.
     """
-    for limit in (20, None):
-        for entry in table.history(limit):
-            if entry.get(TXN_ID_KEY) == txn_id:
-                return int(entry["version"])
+    log_dir = Path(local_path(table.table_uri)) / "_delta_log"
+    versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
+                      reverse=True)
+    for version in versions:
+        if _commit_names_txn(log_dir / f"{version:020d}.json", txn_id):
+            return version
     raise AssertionError(
         f"{table.table_uri} records app transaction {app_id} >= {app_version} but no commit "
         f"of transaction {txn_id}: written by something other than percolake?")
+
+
+def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
+    try:
+        lines = commit_file.read_text().splitlines()
+    except FileNotFoundError:  # cleaned up by log retention: older than anything we look for
+        return False
+    for line in lines:
+        if '"commitInfo"' in line:
+            return json.loads(line)["commitInfo"].get(TXN_ID_KEY) == txn_id
+    return False
 
 
 def table_schema_json(table_uri: str) -> str | None:
@@ -163,9 +230,23 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
     if extra:
         problems.append(f"unknown columns {extra}")
     for name in sorted(set(existing) & set(new)):
-        if existing[name]["type"] != new[name]["type"]:
+        if _shape(existing[name]["type"]) != _shape(new[name]["type"]):
             problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "
                             f"table but {json.dumps(new[name]['type'])} in the batch")
     if partition_by and list(partition_by) != list(existing_partitions):
         problems.append(f"partitioned by {existing_partitions}, not {list(partition_by)}")
     return "; ".join(problems) or None
+
+
+def _shape(delta_type: object) -> object:
+    """A Delta type without nullability and metadata: what a write must match.
+
+    Spark writes every column of a file as nullable, so only the types themselves, nested
+    ones included, decide whether a batch fits a table.
+    """
+    if isinstance(delta_type, dict):
+        return {k: _shape(v) for k, v in delta_type.items()
+                if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+    if isinstance(delta_type, list):
+        return [_shape(v) for v in delta_type]
+    return delta_type

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,11 +56,21 @@ class TableWriteRecord:
         return {
             "table": self.table,
             "mode": self.mode.value,
-            "add_files": [dataclasses.asdict(f) for f in self.add_files],
+            "add_files": [{"path": f.path, "size": f.size,
+                           "partition_values": dict(f.partition_values),
+                           "modification_time": f.modification_time, "stats": f.stats}
+                          for f in self.add_files],
             "schema_json": self.schema_json,
             "partition_by": list(self.partition_by),
             "replace_partitions": [dict(p) for p in self.replace_partitions],
         }
+
+    @functools.cached_property
+    def json_text(self) -> str:
+        """``to_json`` serialised once: the record is immutable, and a transaction's record is
+        written several times (declare, prewrite, commit, applied), so the largest part of it
+        (the add actions) is encoded only once."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableWriteRecord:
@@ -73,6 +84,10 @@ class TableWriteRecord:
         )
 
     def row_count(self) -> int:
+        return self._row_count
+
+    @functools.cached_property
+    def _row_count(self) -> int:  # every reply shows it: parse the stats once
         return sum(f.row_count() for f in self.add_files)
 
 
@@ -100,6 +115,16 @@ class TableEntry:
             "write": self.write.to_json() if self.write else None,
             "delta_version": self.delta_version,
         }
+
+    def json_text(self) -> str:
+        """``to_json`` serialised, reusing the write's cached encoding."""
+        return (f'{{"table":{json.dumps(self.table)},'
+                f'"write_location":{json.dumps(self.write_location)},'
+                f'"write":{self.write.json_text if self.write else "null"},'
+                f'"delta_version":{json.dumps(self.delta_version)}}}')
+
+    def copy(self) -> TableEntry:
+        return TableEntry(self.table, self.write_location, self.write, self.delta_version)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableEntry:
@@ -133,10 +158,12 @@ class TxnRecord:
     row_version: int = 0  # bumped by every durable update; the store's compare-and-set key
 
     def copy(self) -> TxnRecord:
-        return TxnRecord.from_row(self.to_row())
+        """An independent copy; the immutable write intents are shared, not re-encoded."""
+        return dataclasses.replace(
+            self, tables={name: entry.copy() for name, entry in self.tables.items()})
 
     def tables_json(self) -> str:
-        return json.dumps([t.to_json() for t in self.tables.values()], separators=(",", ":"))
+        return "[" + ",".join(t.json_text() for t in self.tables.values()) + "]"
 
     def to_row(self) -> dict[str, Any]:
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

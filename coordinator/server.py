@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +83,7 @@ def start_server(data_dir: str | Path, config: CoordinatorConfig,
     from coordinator.delta_commit import apply_table_write  # deltalake loads only to serve
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    store = SqliteStore(data_dir)
+    store = SqliteStore(data_dir, group_commit=True)  # the servicer flushes before replies
     core = TransactionCoordinator(store, config, applier=apply_table_write)
     running = RunningServer(core, options)
     running.start()
@@ -93,15 +93,20 @@ def start_server(data_dir: str | Path, config: CoordinatorConfig,
 def serve_forever(data_dir: str | Path, config: CoordinatorConfig, options: ServerOptions,
                   port_file: str | None = None) -> int:
     """Serves until SIGTERM or SIGINT, then shuts down gracefully."""
-    stop = threading.Event()
+    # The handler only sets a flag that the main thread polls: the kernel may deliver the
+    # signal to a gRPC thread, and Python runs handlers only when the main thread executes
+    # bytecode, so a main thread blocked in Event.wait() could sleep through it (and a
+    # handler calling Event.set() can deadlock on the Event's own lock).
+    received: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
     running = start_server(data_dir, config, options)
     if port_file:
         tmp = f"{port_file}.tmp"
         Path(tmp).write_text(str(running.port))
         os.replace(tmp, port_file)
-    stop.wait()
-    log.info("shutting down")
+    while not received:
+        time.sleep(0.2)
+    log.info("shutting down", extra={"signal": signal.Signals(received[0]).name})
     running.stop()
     return 0

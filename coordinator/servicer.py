@@ -30,16 +30,22 @@ def rpc(method: F) -> F:
     @functools.wraps(method)
     def handler(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return method(self, request, context)
+            reply = method(self, request, context)
+            # Group commit: whatever this reply rests on (its own writes, or others' it read)
+            # is on stable storage before the reply leaves (I8). Refusals below too.
+            self.core.wait_durable()
+            return reply
         except ProtocolError as exc:
             log.info("refused", extra={"rpc": method.__name__, "error": type(exc).__name__,
                                        "detail": str(exc)})
+            self.core.wait_durable()
             context.abort(status_for(exc), str(exc))
         except Exception as exc:  # a broken invariant or a bug: loud, never silent
             if isinstance(exc, grpc.RpcError):
                 raise
             code = status_for(exc)
             log.exception("rpc failed", extra={"rpc": method.__name__})
+            self.core.wait_durable()
             context.abort(code, f"{type(exc).__name__}: {exc}")
 
     return handler  # type: ignore[return-value]

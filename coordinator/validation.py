@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from pathlib import PurePosixPath
+from collections import Counter
 
 from coordinator.errors import InvalidArgument, ResourceExhausted
 from coordinator.records import TableWriteRecord, WriteMode
@@ -70,9 +70,14 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
         raise InvalidArgument(f"table {write.table}: partition columns {missing} not in schema")
     prefix = f"{ATTEMPT_DIR}/{txn_id}/"
     partitions = set(write.partition_by)
+    counts = Counter(add.path for add in write.add_files)
+    if len(counts) != len(write.add_files):
+        twice = sorted(p for p, n in counts.items() if n > 1)[:3]
+        raise InvalidArgument(f"table {write.table}: files listed twice: {twice}")
     for add in write.add_files:
-        path = PurePosixPath(add.path)
-        if path.is_absolute() or ".." in path.parts or not add.path.startswith(prefix):
+        # String checks, same verdict as PurePosixPath's is_absolute/parts (this runs per file)
+        if (add.path.startswith("/") or ".." in add.path.split("/")
+                or not add.path.startswith(prefix)):
             raise InvalidArgument(
                 f"table {write.table}: file {add.path!r} must be a relative path under {prefix}")
         if add.size < 0:

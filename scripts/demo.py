@@ -35,6 +35,8 @@ from sparkside import ConsistentReader, Participant, local_spark  # noqa: E402
 
 ACCOUNTS = 8
 OPENING_BALANCE = 1_000
+# Both readers read debits, then credits this long after: reading a real table takes time.
+READ_GAP_S = 0.25
 
 
 def say(message: str) -> None:
@@ -74,7 +76,7 @@ class Readers:
     def _naive_loop(self) -> None:
         while not self.stop.is_set():
             debits = table_sum(self.lake / "debits")
-            time.sleep(0.02)  # a reader is never instantaneous: another table, a moment later
+            time.sleep(READ_GAP_S)
             credits = table_sum(self.lake / "credits")
             if debits is None or credits is None:
                 continue
@@ -89,14 +91,18 @@ class Readers:
                 time.sleep(0.1)
                 continue
             debits = table_sum(self.lake / "debits", snap.versions[tables[0]])
-            time.sleep(0.02)
+            time.sleep(READ_GAP_S)
             credits = table_sum(self.lake / "credits", snap.versions[tables[1]])
             self.snapshot[0] += 1
             self.snapshot[1] += debits != credits
 
 
-def bank_job(spark, lake: Path):  # noqa: ANN001, ANN201
-    """The user's foreachBatch: transfers become debits, credits and new balances."""
+def bank_job(spark, lake: Path, reader: ConsistentReader):  # noqa: ANN001, ANN201
+    """The user's foreachBatch: transfers become debits, credits and new balances.
+
+    The previous balances come from the latest snapshot, so a batch always builds on every
+    committed one, even one whose Delta commit the coordinator is still rolling forward.
+    """
 
     def write_batch(batch_df, batch_id, txn):  # noqa: ANN001, ANN202
         transfers = batch_df.select(
@@ -114,9 +120,10 @@ def bank_job(spark, lake: Path):  # noqa: ANN001, ANN201
             .unionByName(debits.select("account", (-F.col("amount")).alias("net")))
             .groupBy("account").agg(F.sum("net").alias("net")).collect())}
         balances_path = lake / "balances"
-        previous = ({r["account"]: r["balance"] for r in
-                     DeltaTable(str(balances_path)).to_pyarrow_table().to_pylist()}
-                    if DeltaTable.is_deltatable(str(balances_path)) else {})
+        version = reader.snapshot([str(balances_path)]).versions[str(balances_path)]
+        previous = ({r["account"]: r["balance"] for r in DeltaTable(
+                        str(balances_path), version=version).to_pyarrow_table().to_pylist()}
+                    if version is not None else {})
         balances = [(a, previous.get(a, OPENING_BALANCE) + moved.get(a, 0), batch_id)
                     for a in range(ACCOUNTS)]
         txn.write(debits, str(lake / "debits"))
@@ -129,14 +136,32 @@ def bank_job(spark, lake: Path):  # noqa: ANN001, ANN201
 
 
 def grpcurl(target: str, *args: str) -> str:
+    """Runs ``grpcurl -plaintext [options] target <last arg>`` and returns what it printed."""
     binary = Path(sys.executable).parent / "grpcurl"
-    command = [str(binary) if binary.exists() else "grpcurl", "-plaintext", *args]
-    if len(args) > 1:
-        command.insert(-1, target)
-    else:
-        command.append(target)
+    command = [str(binary) if binary.exists() else "grpcurl", "-plaintext", *args[:-1],
+               target, args[-1]]
     result = subprocess.run(command, capture_output=True, text=True, timeout=30)
     return (result.stdout or result.stderr).strip()
+
+
+class BatchSignal:
+    """Wraps the batch function to tell when a batch has finished, so that the demo stops the
+    query between batches: a batch interrupted halfway is aborted and replayed on the next
+    start (safe, that is the point of percolake), but it is noisy for a demo."""
+
+    def __init__(self, batch_function) -> None:  # noqa: ANN001
+        self._function = batch_function
+        self.finished = threading.Event()
+
+    def __call__(self, batch_df, batch_id: int) -> None:  # noqa: ANN001
+        self._function(batch_df, batch_id)
+        self.finished.set()
+
+    def stop_after_next_batch(self, query, timeout_s: float = 30) -> None:  # noqa: ANN001
+        self.finished.clear()
+        if query.isActive:
+            self.finished.wait(timeout_s)
+        query.stop()
 
 
 def main() -> int:
@@ -159,9 +184,11 @@ def main() -> int:
     say("Spark started; streaming bank transfers into debits, credits and balances")
 
     participant = Participant(daemon.target, pipeline_id="bank")
+    signal = BatchSignal(participant.wrap(bank_job(spark, lake,
+                                                   ConsistentReader(spark, daemon.target))))
     stream = (spark.readStream.format("rate-micro-batch")
               .option("rowsPerBatch", args.rows_per_batch).option("numPartitions", 2).load())
-    query = (stream.writeStream.foreachBatch(participant.wrap(bank_job(spark, lake)))
+    query = (stream.writeStream.foreachBatch(signal)
              .option("checkpointLocation", str(work / "checkpoints" / "bank"))
              .trigger(processingTime="0 seconds").start())
     readers = Readers(spark, daemon.target, lake)
@@ -175,7 +202,7 @@ def main() -> int:
                 f"({readers.naive[1]} broken) | snapshot reads {readers.snapshot[0]:>4} "
                 f"({readers.snapshot[1]} broken)")
     finally:
-        query.stop()
+        signal.stop_after_next_batch(query)
         readers.finish()
     if query.exception():
         say(f"the streaming query failed: {query.exception()}")

@@ -128,19 +128,27 @@ class Participant:
         target: the coordinator's ``host:port``.
         pipeline_id: stable name of the streaming query (like Kafka's transactional.id).
         retry_s: how long transient coordinator failures are retried before the batch fails.
-        heartbeat_s: heartbeat interval from Open until Commit (at most timeout / 3).
+        heartbeat_s: heartbeat interval from Open until Commit; never more than a third of
+            ``txn_timeout_s`` nor of the timeout the coordinator reports.
+        txn_timeout_s: how long an attempt may go without a heartbeat before the coordinator
+            aborts it; None uses the coordinator's default (at least 120 s).
         on_checkpoint_reset: ``"refuse"`` (default): a new checkpoint (new Spark query id) fails
             the batch until an explicit reset; ``"new_generation"``: reset automatically, with
             a warning, unless a driver of the old generation is still active.
     """
 
     def __init__(self, target: str, pipeline_id: str, *, retry_s: float = 60.0,
-                 heartbeat_s: float = 10.0, on_checkpoint_reset: str = "refuse") -> None:
+                 heartbeat_s: float = 10.0, txn_timeout_s: float | None = None,
+                 on_checkpoint_reset: str = "refuse") -> None:
         if on_checkpoint_reset not in CHECKPOINT_RESET_POLICIES:
             raise ValueError(f"on_checkpoint_reset must be one of {CHECKPOINT_RESET_POLICIES}")
         self.pipeline_id = pipeline_id
         self.client = CoordinatorClient(target, retry_s)
-        self.heartbeat_s = heartbeat_s
+        if txn_timeout_s is not None and txn_timeout_s <= 0:
+            raise ValueError(f"txn_timeout_s must be positive, got {txn_timeout_s}")
+        self.txn_timeout_s = txn_timeout_s
+        self.heartbeat_s = heartbeat_s if txn_timeout_s is None \
+            else min(heartbeat_s, txn_timeout_s / 3)
         self.on_checkpoint_reset = on_checkpoint_reset
         self._query_id: str | None = None
         self.epoch: int | None = None
@@ -160,6 +168,8 @@ class Participant:
         self._register(query_id)
         request = pb.OpenTransactionRequest(pipeline_id=self.pipeline_id, batch_id=batch_id,
                                             epoch=self.epoch)
+        if self.txn_timeout_s is not None:
+            request.timeout_ms = int(self.txn_timeout_s * 1000)
         if query_id:
             request.query_id = query_id
         opened = self.client.call("OpenTransaction", request)

@@ -8,13 +8,14 @@ version's file list (delta-rs) with Spark's Parquet reader, partition columns re
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
+from urllib.parse import unquote
 
 import pyarrow
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from coordinator.warehouse import local_path
@@ -23,6 +24,8 @@ from sparkside.client import CoordinatorClient
 from sparkside.errors import TableNotWritten
 
 AsOf = int | tuple[str, int] | tuple[str, int, int] | None
+FILE_COLUMN = "__percolake_file"
+KNOWN_COLUMN = "__percolake_known"
 
 
 class Snapshot:
@@ -97,29 +100,50 @@ def _delta_spark_available(spark: SparkSession) -> bool:
 
 
 def read_table_version(spark: SparkSession, table_uri: str, version: int) -> DataFrame:
-    """One Delta table at one version as a Spark DataFrame."""
+    """One Delta table at one version as a Spark DataFrame, columns in the table's order."""
     path = local_path(table_uri)
     if _delta_spark_available(spark):
         return spark.read.format("delta").option("versionAsOf", version).load(path)
     table = DeltaTable(path, version=version)
     schema = from_arrow_schema(pyarrow.schema(table.schema().to_arrow()),
-                               prefer_timestamp_ntz=False)
+                               prefer_timestamp_ntz=True)
     partition_columns = list(table.metadata().partition_columns)
-    data_schema = type(schema)([f for f in schema.fields if f.name not in partition_columns])
-    groups: dict[tuple, list[str]] = defaultdict(list)
+    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
+    files: dict[str, dict] = {}
     for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
-        values = add.get("partition") or {}
-        key = tuple(values.get(c) for c in partition_columns)
-        groups[key].append(f"{path}/{add['path']}")
-    if not groups:
+        # the log's paths are URI-encoded relative paths
+        files[f"{path}/{unquote(add['path'])}"] = add.get("partition") or {}
+    if not files:
         return spark.createDataFrame([], schema)
-    frames = []
-    for key, files in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        frame = spark.read.schema(data_schema).parquet(*files)
-        for column, value in zip(partition_columns, key, strict=True):
-            frame = frame.withColumn(column, F.lit(value).cast(schema[column].dataType))
-        frames.append(frame.select(*schema.fieldNames()))
-    result = frames[0]
-    for frame in frames[1:]:
-        result = result.unionByName(frame)
-    return result
+    scan = spark.read.schema(data_schema).parquet(*files)
+    if not partition_columns:
+        return scan.select(*schema.fieldNames())
+    return _with_partition_values(spark, scan, schema, partition_columns, files)
+
+
+def _with_partition_values(spark: SparkSession, scan: DataFrame, schema: T.StructType,
+                           partition_columns: list[str], files: dict[str, dict]) -> DataFrame:
+    """Adds each row's partition values, as the Delta log records them for its file.
+
+    One scan of every file, joined (broadcast) with a small table of file -> partition values
+    on the path Spark reports in ``_metadata.file_path`` (a URI; percent-decoded here to the
+    local path, protecting ``+`` from form decoding). A file missing from that table fails the
+    query loudly instead of giving a row wrong partition values.
+    """
+    mapping_schema = T.StructType(
+        [T.StructField(FILE_COLUMN, T.StringType(), False)]
+        + [T.StructField(c, schema[c].dataType, True) for c in partition_columns]
+        + [T.StructField(KNOWN_COLUMN, T.BooleanType(), False)])
+    mapping = spark.createDataFrame(
+        [(file, *(values.get(c) for c in partition_columns), True)
+         for file, values in files.items()], mapping_schema)
+    decoded = F.regexp_replace(
+        F.url_decode(F.replace(F.col("_metadata.file_path"), F.lit("+"), F.lit("%2B"))),
+        "^file:(//)?", "")
+    joined = scan.withColumn(FILE_COLUMN, decoded).join(F.broadcast(mapping), FILE_COLUMN,
+                                                        "left")
+    unknown = F.raise_error(F.concat(F.lit("percolake: no Delta partition values for file "),
+                                     F.col(FILE_COLUMN)))
+    return joined.select(*[
+        F.when(F.col(KNOWN_COLUMN).isNull(), unknown).otherwise(F.col(c)).alias(c)
+        if c in partition_columns else F.col(c) for c in schema.fieldNames()])

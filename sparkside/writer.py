@@ -6,28 +6,47 @@ driver then reads only the files' footers (pyarrow) for Delta's per-file stats.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
+import math
 import os
+import zoneinfo
 from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 from deltalake import Schema
 from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from coordinator.records import AddFileRecord
 from coordinator.warehouse import local_path
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"
 
 
 def delta_schema_json(df: DataFrame) -> str:
-    """The Delta schema JSON of a DataFrame's schema (partition columns included)."""
-    arrow = to_arrow_schema(df.schema, timezone="UTC")
+    """The Delta schema JSON of a DataFrame's schema (partition columns included).
+
+    Every field is nullable, nested ones too, as in the Parquet files Spark writes.
+    """
+    arrow = to_arrow_schema(_nullable(df.schema), timezone="UTC")
     return Schema.from_arrow(arrow).to_json()
+
+
+def _nullable(data_type: T.DataType) -> T.DataType:
+    if isinstance(data_type, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True, f.metadata)
+                             for f in data_type.fields])
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, T.MapType):
+        return T.MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
+    return data_type
 
 
 def write_files(df: DataFrame, table_uri: str, location_uri: str,
@@ -40,8 +59,40 @@ def write_files(df: DataFrame, table_uri: str, location_uri: str,
     writer = df.write.mode("overwrite").option("compression", "snappy")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
-    writer.parquet(location)
-    return describe_files(table_uri, location, partition_by)
+    conf = df.sparkSession.conf
+    previous = conf.get(TIMESTAMP_TYPE_KEY, None)
+    conf.set(TIMESTAMP_TYPE_KEY, "TIMESTAMP_MICROS")  # Delta's timestamps, not Spark's INT96
+    try:
+        writer.parquet(location)
+    finally:
+        if previous is None:
+            conf.unset(TIMESTAMP_TYPE_KEY)
+        elif previous != "TIMESTAMP_MICROS":
+            conf.set(TIMESTAMP_TYPE_KEY, previous)
+    types = {f.name: f.dataType for f in df.schema.fields if f.name in partition_by}
+    session_zone = conf.get("spark.sql.session.timeZone", "UTC") or "UTC"
+    adds = describe_files(table_uri, location, partition_by)
+    return [_canonical_partitions(add, types, session_zone) for add in adds]
+
+
+def _canonical_partitions(add: AddFileRecord, types: dict[str, T.DataType],
+                          session_zone: str) -> AddFileRecord:
+    """Timestamp partition values as Delta stores them: UTC, with microseconds.
+
+    Spark names timestamp partition folders in the session time zone and drops a zero
+    fraction; Delta reads a timestamp partition value without zone as UTC.
+    """
+    values = dict(add.partition_values)
+    for column, value in values.items():
+        data_type = types.get(column)
+        if value is None or not isinstance(data_type, T.TimestampType | T.TimestampNTZType):
+            continue
+        moment = datetime.datetime.fromisoformat(value)
+        if isinstance(data_type, T.TimestampType):
+            moment = moment.replace(tzinfo=zoneinfo.ZoneInfo(session_zone)) \
+                .astimezone(datetime.timezone.utc)
+        values[column] = moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return dataclasses.replace(add, partition_values=values)
 
 
 def describe_files(table_uri: str, location: str, partition_by: list[str]) -> list[AddFileRecord]:
@@ -81,6 +132,9 @@ def _partition_values(relative: Path, partition_by: list[str]) -> dict[str, str 
 
 
 def _json_value(value: object) -> object:
+    """A Parquet statistic as a Delta stats JSON value, or None when it has none that is exact."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN is not JSON, and Parquet's order of NaN is not Delta's
     if isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, datetime.datetime):
@@ -91,16 +145,23 @@ def _json_value(value: object) -> object:
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
-        return float(value)
+        as_float = float(value)
+        return as_float if decimal.Decimal(as_float) == value else None  # never a rounded bound
     return None  # binary and other types: no min/max
 
 
 def _stats(metadata: pq.FileMetaData) -> dict[str, object]:
-    """numRecords, and min/max/nullCount of top-level columns over all row groups."""
+    """numRecords, and min/max/nullCount of top-level columns over all row groups.
+
+    A column gets a bound or a null count only when every row group has it. Floating-point
+    columns get no min/max: Parquet's statistics may leave NaN out, while Spark orders NaN
+    above every number, so a bound could make a reader skip a file it needs.
+    """
     mins: dict[str, object] = {}
     maxs: dict[str, object] = {}
     nulls: dict[str, int] = {}
-    complete: dict[str, bool] = {}
+    no_bounds: set[str] = set()
+    no_nulls: set[str] = set()
     for g in range(metadata.num_row_groups):
         group = metadata.row_group(g)
         for c in range(group.num_columns):
@@ -110,23 +171,23 @@ def _stats(metadata: pq.FileMetaData) -> dict[str, object]:
                 continue  # nested fields: no stats
             stats = column.statistics
             if stats is None or not stats.has_null_count:
-                complete[name] = False
-                continue
-            nulls[name] = nulls.get(name, 0) + stats.null_count
-            if stats.has_min_max:
+                no_nulls.add(name)
+            else:
+                nulls[name] = nulls.get(name, 0) + stats.null_count
+            if column.physical_type in ("FLOAT", "DOUBLE"):
+                no_bounds.add(name)
+            elif stats is not None and stats.has_min_max:
                 low, high = _json_value(stats.min), _json_value(stats.max)
                 if low is None or high is None:
-                    complete[name] = False
+                    no_bounds.add(name)
                     continue
                 mins[name] = low if name not in mins else min(mins[name], low)  # type: ignore
                 maxs[name] = high if name not in maxs else max(maxs[name], high)  # type: ignore
-            elif stats.null_count != group.num_rows:
-                complete[name] = False
-            complete.setdefault(name, True)
-    ok = [n for n, whole in complete.items() if whole]
+            elif stats is None or stats.null_count != group.num_rows:
+                no_bounds.add(name)  # values without bounds (an all-null group has none)
     return {
         "numRecords": metadata.num_rows,
-        "minValues": {n: mins[n] for n in ok if n in mins},
-        "maxValues": {n: maxs[n] for n in ok if n in maxs},
-        "nullCount": {n: nulls[n] for n in nulls},
+        "minValues": {n: v for n, v in mins.items() if n not in no_bounds},
+        "maxValues": {n: v for n, v in maxs.items() if n not in no_bounds},
+        "nullCount": {n: v for n, v in nulls.items() if n not in no_nulls},
     }

@@ -53,7 +53,8 @@ class Daemon(DaemonProcess):
             self._channel.close()
         self._channel = self._stub = None
 
-    def stop(self, timeout_s: float = 30.0) -> int:
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code (-9 if killed)."""
         self.close_channel()
         return super().stop(timeout_s)
 

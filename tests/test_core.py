@@ -336,3 +336,27 @@ def test_reset_requiring_idle_refuses_while_the_old_driver_is_active(env):
     time.sleep(0.05)  # the last commit is now older than the transaction timeout
     pipeline, changed, _ = core.reset_pipeline("p", "auto", None, require_idle=True)
     assert changed and pipeline.generation == 1
+
+
+def test_a_refused_late_request_of_an_aborted_attempt_cleans_its_folder_again(env):
+    core, _, _, removed, tmp = env
+    txn, _ = core.open_transaction("p", 0)
+    core.declare_tables(txn.txn_id, None, [table(tmp, "a")])
+    core.abort(txn.txn_id, None)
+    removed.clear()  # a late executor writes into the folder after the cleanup
+    with pytest.raises(TransactionAborted):
+        core.prewrite(txn.txn_id, None, [write(txn.txn_id, table(tmp, "a"))])
+    core.resolve_once()
+    assert removed == [f"{table(tmp, 'a')}/_percolake/{txn.txn_id}"]
+
+
+def test_committed_but_unapplied_write_of_the_old_generation_is_applied_after_a_reset(env):
+    core, _, delta, _, tmp = env
+    query = str(uuid.uuid4())
+    epoch = core.register_pipeline("p", query).epoch
+    old = run_batch(core, tmp, "p", 4, ["a"], epoch, query)  # its driver dies before applying
+    core.reset_pipeline("p", "checkpoint lost", 0)
+    snap = core.get_snapshot([table(tmp, "a")])
+    assert snap.versions[table(tmp, "a")] == 0
+    assert core.get_transaction(old.txn_id).state == TxnState.APPLIED
+    assert delta.order == [(table(tmp, "a"), old.commit_ts)]

@@ -7,10 +7,12 @@ on stable storage before the reply), seen from outside the process.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from pathlib import Path
 
 import grpc
+import pytest
 
 from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import canonical, table_write, unique, wait_for
@@ -135,6 +137,18 @@ def test_sigterm_shuts_down_gracefully_and_the_store_reopens(daemon_factory):
     assert daemon.stop() == 0
 
 
+def test_sigterm_right_after_serving_always_shuts_down(daemon_factory):
+    """Repeated: SIGTERM soon after start must never be lost (it may reach any thread)."""
+    for round_ in range(10):
+        daemon = daemon_factory.start(NO_ROLL_FORWARD, name=f"sigterm-{round_}")
+        txn = daemon.stub.OpenTransaction(pb.OpenTransactionRequest(pipeline_id="p"),
+                                          timeout=30).transaction
+        daemon.stub.CommitTransaction(pb.CommitTransactionRequest(txn_id=txn.txn_id),
+                                      timeout=30)
+        code = daemon.stop(timeout_s=10)  # SIGKILL (-9) if it did not exit by then
+        assert code == 0, f"round {round_}: SIGTERM ignored, exit {code}:\n{daemon.log_tail()}"
+
+
 def test_sigterm_lets_an_in_flight_rpc_finish(daemon_factory):
     daemon = daemon_factory.start(NO_ROLL_FORWARD, name="in-flight",
                                   env={"PERCOLAKE_FAILPOINTS": "after-open=sleep(2)"})
@@ -158,7 +172,12 @@ def test_sigterm_lets_an_in_flight_rpc_finish(daemon_factory):
     thread.join(30)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["reply"].transaction.state == pb.OPEN
-    assert process.wait(30) == 0
+    try:
+        code = process.wait(15)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        code = "none: still running 15 s after SIGTERM"
+    assert code == 0, f"exit code {code}:\n{daemon.log_tail()}"
 
 
 def test_serve_creates_a_missing_data_dir(daemon_factory, tmp_path):
@@ -214,3 +233,61 @@ def test_attempt_open_at_a_crash_expires_after_restart_and_its_files_go(daemon_f
     wait_for(lambda: _get(daemon.stub, txn_id).state == pb.ABORTED, 15,
              "the orphaned attempt to expire after the restart")
     wait_for(lambda: not folder.exists(), 10, "the orphaned attempt's files to be deleted")
+
+
+def _write_parquet(table: str, txn_id: str, ids: list[int]) -> pb.TableWrite:
+    """A real Parquet file in the attempt's folder and its write intent (what executors do)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(table) / "_percolake" / txn_id
+    folder.mkdir(parents=True)
+    path = folder / "part-00000.parquet"
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
+                             "day": pa.array(["d1"] * len(ids), pa.string())}), path)
+    write = table_write(table, txn_id)
+    write.add_files[0].size = path.stat().st_size
+    write.add_files[0].stats = json.dumps({"numRecords": len(ids)})
+    return write
+
+
+def _delta_ids(table: str, version: int) -> list[int]:
+    from deltalake import DeltaTable
+
+    return sorted(DeltaTable(table, version=version).to_pyarrow_table()["id"].to_pylist())
+
+
+@pytest.mark.parametrize("resolver", ["snapshot_reader", "background_resolver"])
+def test_commit_acknowledged_before_sigkill_is_applied_without_its_participant(
+        daemon_factory, resolver):
+    """I4: after the commit reply the participant and the daemon die; the restarted daemon
+    applies every table exactly once, by a reader's GetSnapshot or on its own."""
+    after = "1" if resolver == "background_resolver" else "3600"
+    daemon = daemon_factory.start(["--roll-forward-after", after], name=f"i4-{resolver}")
+    tables = [str(daemon.warehouse / name) for name in ("debits", "credits")]
+    txn = daemon.stub.OpenTransaction(pb.OpenTransactionRequest(pipeline_id="bank"),
+                                      timeout=30).transaction
+    writes = [_write_parquet(t, txn.txn_id, [10 * i + 1, 10 * i + 2])
+              for i, t in enumerate(tables)]
+    committed = daemon.stub.CommitTransaction(pb.CommitTransactionRequest(
+        txn_id=txn.txn_id, tables=tables, writes=writes), timeout=30).transaction
+    assert committed.state == pb.COMMITTED
+
+    daemon.kill()
+    daemon.start()
+
+    if resolver == "snapshot_reader":
+        snapshot = daemon.stub.GetSnapshot(pb.GetSnapshotRequest(tables=tables), timeout=60)
+        assert snapshot.snapshot_ts > committed.commit_ts
+        versions = {v.table: v.delta_version for v in snapshot.tables if v.exists}
+    applied = wait_for(lambda: (t := _get(daemon.stub, txn.txn_id)).state == pb.APPLIED and t,
+                       30, "the committed transaction to be applied")
+    reported = {p.table: p.delta_version for p in applied.participants}
+    if resolver == "snapshot_reader":
+        assert versions == {t: reported[canonical(t)] for t in tables}
+    from deltalake import DeltaTable
+
+    for i, table in enumerate(tables):
+        assert _delta_ids(table, reported[canonical(table)]) == [10 * i + 1, 10 * i + 2]
+        assert DeltaTable(table).version() == reported[canonical(table)], "applied twice"
+    assert applied.commit_ts == committed.commit_ts

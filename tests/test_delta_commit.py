@@ -113,3 +113,67 @@ def test_schema_mismatch_names_the_columns(table):
     assert "'day'" in problem or "day" in problem
     assert "extra" in problem and "'id'" in problem
     assert describe_schema_mismatch(SCHEMA, SCHEMA, ["day"], ["day"]) is None
+
+
+def spark_named_file(table: Path, txn: str, folder: str, ids: list[int]) -> Path:
+    """A data file in a folder named the way Spark names partition folders (escaped)."""
+    path = table / "_percolake" / txn / folder / f"part-{len(ids)}-{txn}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), path)
+    return path
+
+
+def test_overwrite_partitions_finds_files_whose_paths_the_log_encodes(table):
+    """delta-rs stores add paths URI-encoded; a remove must name the same file, not re-encode."""
+    odd = "a/b c:d%"
+    first = spark_named_file(table, "a", "day=a%2Fb c%3Ad%25", [1])
+    other = spark_named_file(table, "a", "day=x", [2])
+    files = [AddFileRecord(p.relative_to(table).as_posix(), p.stat().st_size, {"day": day}, 0,
+                           json.dumps({"numRecords": 1}))
+             for p, day in ((first, odd), (other, "x"))]
+    apply_table_write(write(table, WriteMode.APPEND, files), app_id=APP, app_version=0,
+                      txn_id="a", commit_ts=10)
+    assert ids(table) == [(1, odd), (2, "x")]
+    replace = write(table, WriteMode.OVERWRITE_PARTITIONS, [data_file(table, "b", [9], "y")],
+                    ({"day": odd},))
+    apply_table_write(replace, app_id=APP, app_version=1, txn_id="b", commit_ts=11)
+    assert ids(table) == [(2, "x"), (9, "y")]
+    apply_table_write(write(table, WriteMode.OVERWRITE, [data_file(table, "c", [5], "z")]),
+                      app_id=APP, app_version=2, txn_id="c", commit_ts=12)
+    assert ids(table) == [(5, "z")]
+
+
+def test_overwrite_partitions_compares_timestamp_partitions_as_timestamps(table):
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()),
+                                          ("at", pa.timestamp("us", tz="UTC"))])).to_json()
+
+    def at_write(txn: str, ids_: list[int], value: str, mode: WriteMode,
+                 replace: tuple = ()) -> TableWriteRecord:
+        path = spark_named_file(table, txn, "at=" + value.replace(":", "%3A"), ids_)
+        add = AddFileRecord(path.relative_to(table).as_posix(), path.stat().st_size,
+                            {"at": value}, 0, json.dumps({"numRecords": len(ids_)}))
+        return TableWriteRecord(f"file://{table}", mode, (add,), schema, ("at",), replace)
+
+    apply_table_write(at_write("a", [1], "2026-01-02 00:00:00", WriteMode.APPEND),
+                      app_id=APP, app_version=0, txn_id="a", commit_ts=10)
+    apply_table_write(at_write("b", [2], "2026-01-03 00:00:00.000000", WriteMode.APPEND),
+                      app_id=APP, app_version=1, txn_id="b", commit_ts=11)
+    # the same instant spelled as delta-rs and Spark spell it
+    apply_table_write(at_write("c", [3], "2026-01-02 00:00:00.000000",
+                               WriteMode.OVERWRITE_PARTITIONS, ({"at": "2026-01-02 00:00:00"},)),
+                      app_id=APP, app_version=2, txn_id="c", commit_ts=12)
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["at"].isoformat()) for r in rows) == [
+        (2, "2026-01-03T00:00:00+00:00"), (3, "2026-01-02T00:00:00+00:00")]
+
+
+def test_schema_check_ignores_nullability_but_not_nested_types():
+    def schema(fields: list[pa.Field]) -> str:
+        return Schema.from_arrow(pa.schema(fields)).to_json()
+
+    table = schema([pa.field("id", pa.int64(), nullable=False),
+                    pa.field("tags", pa.list_(pa.field("item", pa.string(), nullable=False)))])
+    nullable = schema([pa.field("id", pa.int64()), pa.field("tags", pa.list_(pa.string()))])
+    assert describe_schema_mismatch(table, nullable, [], []) is None
+    nested = schema([pa.field("id", pa.int64()), pa.field("tags", pa.list_(pa.int32()))])
+    assert "'tags'" in describe_schema_mismatch(table, nested, [], [])

@@ -3,8 +3,9 @@
 Rules for implementations:
 - Updates are compare-and-set on ``row_version``, checked by row count; a mismatch raises
   :class:`~coordinator.errors.StoreConflict` ("commit failed, re-read and retry").
-- Every write made inside ``with store.batch():`` becomes durable together, before ``batch``
-  returns (I8); a write outside a batch is its own durable batch.
+- Every write made inside ``with store.batch():`` becomes durable together (a write outside a
+  batch is its own batch): before ``batch`` returns, or, in a store with group commit, before
+  the next ``flush()`` returns. Whoever replies to a client calls ``flush()`` first (I8).
 - Nothing above this interface may rely on one implementation's specifics.
 """
 
@@ -50,6 +51,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """All writes inside become durable together when the block ends without error."""
+
+    def flush(self) -> None:
+        """Returns once every batch ended before the call is durable.
+
+        A no-op where ``batch`` itself is durable on return; a group-committing store makes
+        the batches of all concurrent callers durable with one commit here.
+        """
+        return
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -111,3 +120,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         """Commits to ``table`` at or below ``max_commit_ts`` not yet applied, in order."""
+
+    # retention
+    @abc.abstractmethod
+    def retention_floor_ts(self) -> int:
+        """Time travel below this timestamp was pruned (0: nothing ever was)."""
+
+    @abc.abstractmethod
+    def prune(self, cutoff_ms: int, floor_ts: int, limit: int,
+              keep: frozenset[str] = frozenset()) -> tuple[int, int]:
+        """Deletes history past the retention horizon, at most about ``limit`` rows a call.
+
+        Deleted: APPLIED and ABORTED transactions created and last updated before
+        ``cutoff_ms``, except those in ``keep`` and, per (pipeline, generation), the committed
+        attempt of the newest committed batch (so a replay of it is still answered "already
+        committed"); and applied snapshot-index rows with commit_ts below ``floor_ts``, except
+        each table's newest row at or below ``floor_ts`` (what a snapshot at or after the floor
+        reads). Unfinished transactions and unapplied index rows are never deleted. Raises the
+        recorded floor to ``floor_ts``, durably with the deletions.
+
+        Returns:
+            How many transactions and how many snapshot-index rows were deleted.
+        """

@@ -19,6 +19,7 @@ class MemoryStore(Store):
         self._pipelines: dict[str, dict] = {}
         self._txns: dict[str, dict] = {}
         self._table_commits: dict[tuple[str, int], TableCommit] = {}
+        self._floor_ts = 0
         self._depth = 0
 
     @contextlib.contextmanager
@@ -32,12 +33,13 @@ class MemoryStore(Store):
                     self._depth -= 1
                 return
             saved = copy.deepcopy((self._high_water, self._pipelines, self._txns,
-                                   self._table_commits))
+                                   self._table_commits, self._floor_ts))
             self._depth = 1
             try:
                 yield
             except BaseException:
-                (self._high_water, self._pipelines, self._txns, self._table_commits) = saved
+                (self._high_water, self._pipelines, self._txns, self._table_commits,
+                 self._floor_ts) = saved
                 raise
             finally:
                 self._depth = 0
@@ -144,3 +146,34 @@ class MemoryStore(Store):
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         with self._lock:
             return [c for c in self._commits_of(table, max_commit_ts) if c.delta_version is None]
+
+    def retention_floor_ts(self) -> int:
+        return self._floor_ts
+
+    def prune(self, cutoff_ms: int, floor_ts: int, limit: int,
+              keep: frozenset[str] = frozenset()) -> tuple[int, int]:
+        with self.batch():
+            newest: dict[tuple[str, int], int] = {}
+            for t in self._txns.values():
+                if t["state"] in ("APPLIED", "COMMITTED"):
+                    key = (t["pipeline_id"], t["generation"])
+                    newest[key] = max(newest.get(key, -1), t["batch_id"])
+            doomed = [
+                t["txn_id"] for t in sorted(self._txns.values(), key=lambda r: r["start_ts"])
+                if t["state"] in ("APPLIED", "ABORTED") and t["updated_ms"] < cutoff_ms
+                and t["created_ms"] < cutoff_ms and t["txn_id"] not in keep
+                and not (t["state"] == "APPLIED"
+                         and newest[(t["pipeline_id"], t["generation"])] == t["batch_id"])
+            ][:limit]
+            for txn_id in doomed:
+                del self._txns[txn_id]
+            base: dict[str, int] = {}
+            for table, ts in self._table_commits:
+                if ts <= floor_ts:
+                    base[table] = max(base.get(table, -1), ts)
+            old = [key for key, c in sorted(self._table_commits.items())
+                   if key[1] < base.get(key[0], -1) and c.delta_version is not None][:limit]
+            for key in old:
+                del self._table_commits[key]
+            self._floor_ts = max(self._floor_ts, floor_ts)
+            return len(doomed), len(old)

@@ -2,11 +2,21 @@
 
 Every batch is one SQLite transaction, so it reaches stable storage (the WAL is fsynced at
 COMMIT under synchronous=FULL) before the coordinator replies (I8).
+
+With ``group_commit=True`` (what the daemon uses) concurrent batches share one SQLite
+transaction and so one COMMIT/fsync, as a database's group commit does: a batch becomes a
+SAVEPOINT of the open group transaction (its own rollback undoes only its writes), and
+``flush()`` makes every batch ended so far durable, one caller committing for all who wait.
+The caller (the gRPC layer) calls ``flush()`` before every reply, so nothing is acknowledged
+before its fsync (I8). A failed group COMMIT stops the process: the coordinator's memory may
+already show writes that did not reach the disk, and a restart reloads the durable truth.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -17,6 +27,15 @@ from coordinator.records import PipelineRecord, TxnRecord
 from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
 
 SCHEMA_VERSION = 1
+log = logging.getLogger("percolake.store")
+
+
+def _fail_stop(path: Path, exc: BaseException) -> None:
+    """A group COMMIT failed: never reply, never go on with memory ahead of the disk."""
+    log.critical("group commit to %s failed (%s); stopping so a restart reloads the durable "
+                 "state", path, exc)
+    logging.shutdown()
+    os._exit(70)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -52,6 +71,7 @@ CREATE INDEX IF NOT EXISTS transactions_by_batch
 CREATE INDEX IF NOT EXISTS transactions_unfinished
     ON transactions (state) WHERE state IN ('OPEN', 'PREWRITTEN', 'COMMITTED');
 CREATE INDEX IF NOT EXISTS transactions_by_pipeline_ts ON transactions (pipeline_id, start_ts);
+CREATE INDEX IF NOT EXISTS transactions_by_state_created ON transactions (state, created_ms);
 CREATE TABLE IF NOT EXISTS table_commits (
     table_uri TEXT NOT NULL,
     commit_ts INTEGER NOT NULL,
@@ -77,13 +97,20 @@ _SELECT_TXN = f"SELECT {', '.join(_TXN_COLUMNS)} FROM transactions"
 class SqliteStore(Store):
     """SQLite in ``<data_dir>/coordinator.db``; one connection guarded by a lock."""
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, group_commit: bool = False) -> None:
         self.path = Path(data_dir) / "coordinator.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.RLock()
         self._depth = 0
+        self._group_commit = False  # schema set-up below is committed at once
+        self._in_group = False  # a group transaction is open on the connection
+        self._ended = 0  # batches ended so far (sequence numbers)
+        self._durable = 0  # batches durable so far
+        self._flushing = False
+        self._flushed = threading.Condition(threading.Lock())
+        self.group_commits = 0  # COMMITs that made batches durable (for benchmarks)
         mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise RuntimeError(f"SQLite refused WAL mode (got {mode}) for {self.path}")
@@ -102,6 +129,7 @@ class SqliteStore(Store):
                     f"{self.path} has store schema {row[0]}; "
                     f"this coordinator reads {SCHEMA_VERSION}"
                 )
+        self._group_commit = group_commit
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -112,6 +140,9 @@ class SqliteStore(Store):
                     yield
                 finally:
                     self._depth -= 1
+                return
+            if self._group_commit:
+                yield from self._group_batch()
                 return
             self._conn.execute("BEGIN IMMEDIATE")
             self._depth = 1
@@ -125,8 +156,64 @@ class SqliteStore(Store):
             finally:
                 self._depth = 0
 
+    def _group_batch(self) -> Iterator[None]:
+        """One batch as a savepoint of the open group transaction (called under the lock)."""
+        if not self._in_group:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._in_group = True
+        self._conn.execute("SAVEPOINT batch")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK TO batch")
+            self._conn.execute("RELEASE batch")
+            raise
+        else:
+            self._conn.execute("RELEASE batch")
+            self._ended += 1
+        finally:
+            self._depth = 0
+
+    def flush(self) -> None:
+        """Returns once every batch ended before the call is durable (group commit)."""
+        if not self._group_commit:
+            return
+        target = self._ended
+        with self._flushed:
+            while self._durable < target:
+                if not self._flushing:
+                    self._flushing = True
+                    break
+                self._flushed.wait()
+            else:
+                return
+        try:
+            with self._lock:
+                upto = self._ended
+                self._commit_group()
+        except BaseException as exc:  # the disk refused: memory may be ahead of it
+            _fail_stop(self.path, exc)
+            raise
+        finally:
+            with self._flushed:
+                self._flushing = False
+                self._flushed.notify_all()
+        with self._flushed:
+            self._durable = max(self._durable, upto)
+            self._flushed.notify_all()
+
+    def _commit_group(self) -> None:
+        """COMMITs the open group transaction (under the lock); fsync under synchronous=FULL."""
+        if self._in_group:
+            self._conn.execute("COMMIT")
+            self._in_group = False
+            self.group_commits += 1
+
     def close(self) -> None:
         with self._lock:
+            if self._group_commit:
+                self._commit_group()
             self._conn.close()
 
     def _write(self, sql: str, params: tuple | dict) -> int:
@@ -142,11 +229,16 @@ class SqliteStore(Store):
         return rows[0][0] if rows else 0
 
     def write_timestamp_high_water(self, value: int) -> None:
-        self._write(
-            "INSERT INTO meta VALUES ('ts_high_water', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            (value,),
-        )
+        with self._lock:
+            self._write(
+                "INSERT INTO meta VALUES ('ts_high_water', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (value,),
+            )
+            if self._group_commit and not self._depth:
+                # The mark is durable before any timestamp under it is handed out, whatever
+                # the group holds (committing other pending batches early is harmless).
+                self._commit_group()
 
     def load_pipelines(self) -> list[PipelineRecord]:
         rows = self._read(f"SELECT {', '.join(_PIPELINE_COLUMNS)} FROM pipelines")
@@ -272,3 +364,66 @@ class SqliteStore(Store):
             (table, max_commit_ts),
         )
         return [TableCommit(*r) for r in rows]
+
+    def retention_floor_ts(self) -> int:
+        rows = self._read("SELECT value FROM meta WHERE key='retention_floor_ts'")
+        return rows[0][0] if rows else 0
+
+    def prune(self, cutoff_ms: int, floor_ts: int, limit: int,
+              keep: frozenset[str] = frozenset()) -> tuple[int, int]:
+        # Candidates come from the start_ts index, oldest first: a transaction is created
+        # before it is updated, so every candidate has start_ts below the cutoff's timestamp,
+        # and a pass over a store with nothing to prune reads only the few rows it keeps.
+        start_below = (cutoff_ms << 18) + 1
+        with self._lock, self.batch():
+            rows = self._conn.execute(
+                "SELECT txn_id, pipeline_id, generation, batch_id, state FROM transactions "
+                "WHERE start_ts < ? AND state IN ('APPLIED', 'ABORTED') AND updated_ms < ? "
+                "AND created_ms < ? ORDER BY start_ts LIMIT ?",
+                (start_below, cutoff_ms, cutoff_ms, limit + len(keep) + 64)).fetchall()
+            newest: dict[tuple[str, int], int | None] = {}
+            doomed: list[str] = []
+            for txn_id, pipeline_id, generation, batch_id, state in rows:
+                if txn_id in keep:
+                    continue
+                if state == "APPLIED":
+                    key = (pipeline_id, generation)
+                    if key not in newest:
+                        found = self._conn.execute(
+                            "SELECT batch_id FROM transactions WHERE pipeline_id = ? AND "
+                            "generation = ? AND state IN ('APPLIED', 'COMMITTED') "
+                            "ORDER BY batch_id DESC LIMIT 1", key).fetchone()
+                        newest[key] = found[0] if found else None
+                    if newest[key] == batch_id:
+                        continue  # replays of the newest committed batch must still find it
+                doomed.append(txn_id)
+                if len(doomed) >= limit:
+                    break
+            self._conn.executemany("DELETE FROM transactions WHERE txn_id = ?",
+                                   [(t,) for t in doomed])
+            index_rows = 0
+            for table in self._tables_indexed():
+                if index_rows >= limit:
+                    break
+                index_rows += self._conn.execute(
+                    "DELETE FROM table_commits WHERE rowid IN (SELECT rowid FROM table_commits "
+                    "WHERE table_uri = ?1 AND delta_version IS NOT NULL AND commit_ts < ("
+                    "SELECT MAX(commit_ts) FROM table_commits WHERE table_uri = ?1 "
+                    "AND commit_ts <= ?2) LIMIT ?3)", (table, floor_ts, limit - index_rows)
+                ).rowcount
+            self._conn.execute(
+                "INSERT INTO meta VALUES ('retention_floor_ts', ?) ON CONFLICT(key) DO UPDATE "
+                "SET value = max(value, excluded.value)", (floor_ts,))
+            return len(doomed), index_rows
+
+    def _tables_indexed(self) -> Iterator[str]:
+        """Every table of the snapshot index, one index seek each (a skip-scan)."""
+        table = ""
+        while True:
+            row = self._conn.execute(
+                "SELECT table_uri FROM table_commits WHERE table_uri > ? ORDER BY table_uri "
+                "LIMIT 1", (table,)).fetchone()
+            if row is None:
+                return
+            table = row[0]
+            yield table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 from deltalake import DeltaTable
@@ -90,3 +91,21 @@ def test_replay_of_a_committed_batch_skips_the_user_function(spark, lake_daemon,
     participant.run_batch(spark.range(3), 0, write)
     assert calls == [0]
     assert DeltaTable(str(lake / "t")).to_pyarrow_table().num_rows == 3
+
+
+def test_heartbeats_keep_a_batch_longer_than_the_timeout_alive(spark, lake_daemon, lake):
+    """The attempt may go 1.5 s without a heartbeat; the user's function takes twice that."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"slow-{lake.name}",
+                              txn_timeout_s=1.5)
+    assert participant.heartbeat_s <= 0.5
+    table = str(lake / "slow")
+    started = time.monotonic()
+
+    def slow(df, batch_id, txn):  # noqa: ANN001, ANN202
+        time.sleep(3.0)  # the work itself: nothing to poll for
+        txn.write(frame(spark, [1]), table)
+
+    participant.run_batch(spark.range(1), 0, slow)
+    assert time.monotonic() - started > 3.0
+    (committed,) = committed_batches(lake_daemon.stub, participant.pipeline_id).values()
+    assert committed.attempt == 1 and DeltaTable(table).to_pyarrow_table().num_rows == 1

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from coordinator import failpoints
@@ -105,26 +107,55 @@ def test_exception_in_user_function_leaves_no_trace(spark, lake_daemon, lake, tm
 
 
 def test_snapshots_taken_during_writes_always_balance(spark, lake_daemon, lake, tmp_path):
+    """A reader thread snapshots debits and credits while batches land.
+
+    A failpoint holds the participant for a moment after each table's Delta commit, so the
+    tables on disk are torn for a while in every batch (debits has the batch, credits not yet).
+    Snapshots taken then must still balance and hold the whole batch: the coordinator rolls
+    the rest of it forward before answering (I1, I4).
+    """
     pipeline = f"bank-{lake.name}"
-    tables = [str(lake / "debits"), str(lake / "credits")]
+    debits, credits = lake / "debits", lake / "credits"
+    tables = [str(debits), str(credits)]
     stop = threading.Event()
     checked: list[tuple[int, int]] = []
+    torn: list[tuple[tuple, tuple]] = []
     errors: list[BaseException] = []
 
+    def latest(path) -> int | None:  # noqa: ANN001
+        return DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else None
+
     def read_snapshots() -> None:
+        """Polls the tables on disk; snapshots when they are torn, and now and then anyway.
+
+        (Snapshotting all the time would roll every batch forward before the participant
+        applies it, and the tables would never be seen torn.)
+        """
         reader = ConsistentReader(spark, lake_daemon.target)
+        last = 0.0
         while not stop.is_set():
             try:
-                snap = reader.snapshot(tables)
-                if None in snap.versions.values():
+                on_disk = (latest(debits), latest(credits))
+                is_torn = on_disk[0] is not None and on_disk[0] != on_disk[1]
+                if not is_torn and time.monotonic() - last < 1.0:
+                    time.sleep(0.005)
                     continue
-                sums = [sum(r["amount"] for r in rows(lake / t, snap.versions[str(lake / t)]))
-                        for t in ("debits", "credits")]
-                checked.append((sums[0], sums[1]))
+                last = time.monotonic()
+                snap = reader.snapshot(tables)
+                versions = (snap.versions[tables[0]], snap.versions[tables[1]])
+                if None in versions:
+                    continue
+                checked.append((sum(r["amount"] for r in rows(debits, versions[0])),
+                                sum(r["amount"] for r in rows(credits, versions[1]))))
+                if is_torn:
+                    torn.append((on_disk, versions))
+                    assert versions[0] >= on_disk[0], \
+                        f"snapshot {versions} misses the batch already in debits {on_disk}"
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
                 return
 
+    failpoints.enable("after-secondary", "sleep(0.4)")
     reader = threading.Thread(target=read_snapshots)
     reader.start()
     try:
@@ -135,5 +166,7 @@ def test_snapshots_taken_during_writes_always_balance(spark, lake_daemon, lake, 
         stop.set()
         reader.join()
     assert not errors, errors
+    assert torn, "the reader never saw the tables torn on disk: the test proves nothing"
     assert len(checked) >= 3
     assert all(d == c for d, c in checked), f"a snapshot saw a partial batch: {checked}"
+    assert_exactly_once(lake, committed_batches(lake_daemon.stub, pipeline))

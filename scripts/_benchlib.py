@@ -1,0 +1,159 @@
+"""Shared helpers of the benchmark scripts: percentiles, machine facts, limits, reports.
+
+Every number a script prints is measured in that run; nothing here holds a constant result.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BENCH_DOC = ROOT / "docs" / "benchmarks.md"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100, nearest rank) of ``values``; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[index]
+
+
+def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
+    """p50/p99/p999/max/mean of durations in seconds, in milliseconds."""
+    return {
+        "n": len(values_s),
+        "p50": pct(values_s, 50) * 1e3,
+        "p99": pct(values_s, 99) * 1e3,
+        "p999": pct(values_s, 99.9) * 1e3,
+        "max": (max(values_s) * 1e3) if values_s else float("nan"),
+        "mean": (statistics.fmean(values_s) * 1e3) if values_s else float("nan"),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, for the CPU share over a window."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = parts[3] + parts[4]
+    return float(sum(parts) - idle), float(sum(parts))
+
+
+def machine_info() -> dict[str, object]:
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for dist in ("grpcio", "protobuf", "deltalake", "pyspark"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "absent"
+    try:
+        sqlite_version = __import__("sqlite3").sqlite_version
+    except ImportError:
+        sqlite_version = "absent"
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "sqlite": sqlite_version,
+        "versions": versions,
+        "commit": commit,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def machine_line(info: dict[str, object]) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in dict(info["versions"]).items())  # type: ignore[arg-type]
+    return (f"{info['date']} · {info['nproc']} × {info['cpu_model']} · Linux {info['kernel']} · "
+            f"Python {info['python']} · SQLite {info['sqlite']} · {versions} · "
+            f"commit {info['commit']} · load avg at start {info['load_avg_1m']:.2f}")
+
+
+def fsync_latency(directory: Path, samples: int, size: int = 1024) -> dict[str, float]:
+    """Latency of append + os.fsync on a file in ``directory`` (the store's disk)."""
+    path = directory / ".fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lat: list[float] = []
+    try:
+        payload = b"x" * size
+        for _ in range(samples):
+            os.write(fd, payload)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            lat.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    out = summary_ms(lat)
+    out["per_s_serial"] = 1.0 / statistics.fmean(lat)
+    return out
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table (also readable as plain text)."""
+
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            if value != value:  # NaN
+                return "–"
+            return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}" if abs(
+                value) < 1 else f"{value:.2f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |",
+             "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def append_report(title: str, info: dict[str, object], body: str, command: str) -> None:
+    """Appends one run's tables to docs/benchmarks.md under the results section."""
+    BENCH_DOC.parent.mkdir(parents=True, exist_ok=True)
+    if not BENCH_DOC.exists():
+        BENCH_DOC.write_text("# Benchmarks\n\n## Results (appended by the scripts)\n")
+    with BENCH_DOC.open("a") as out:
+        out.write(f"\n### {title} — {info['date']}\n\n")
+        out.write(f"Machine: {machine_line(info)}  \nCommand: `{command}`\n\n")
+        out.write(body.rstrip() + "\n")
+
+
+def write_json(path: str | None, data: dict[str, object]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,549 @@
+"""Coordinator throughput and latency against a real daemon with its durable SQLite store.
+
+Load generators in separate processes (threads inside each) drive whole transactions:
+
+- ``4rpc``: Open -> Prewrite (3 tables in one call) -> Commit -> ReportApplied (3 tables);
+- ``3rpc``: Open carrying the 3 tables -> Commit carrying the 3 writes -> ReportApplied.
+
+Each load-generator thread is one pipeline (registered with an epoch and a query id, as a Spark
+driver is) writing its own 3 tables, so the coordinator's table holds never make two threads
+wait on each other. The same run measures the machine's own limits side by side: fsync latency
+of a file in the daemon's data dir and the round trip of a bare gRPC health Check (a trivial
+server in another process, and the daemon's own health service), and prints the coordinator's
+figures as ratios to them.
+
+Closed loop at several concurrency levels gives the committed txn/s; an open loop at a fixed
+rate (500 txn/s by default) gives the latencies at that load, measured from each transaction's
+scheduled start so a stall is not hidden (no coordinated omission).
+
+The daemon runs with a huge --roll-forward-after: the fake tables have no Delta log, and every
+transaction reports its secondaries itself, as a participant does.
+
+    python scripts/bench_coordinator.py --quick --json /tmp/coord.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _benchlib as bl  # noqa: E402
+
+from coordinator.launcher import DaemonProcess  # noqa: E402
+
+SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
+    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+    {"name": "amount", "type": "double", "nullable": True, "metadata": {}},
+    {"name": "day", "type": "string", "nullable": True, "metadata": {}},
+]})
+RPCS = ("open", "prewrite", "commit", "report")
+
+
+# ---------------------------------------------------------------------------- load generators
+
+
+def _writes(pb, tables: list[str], txn_id: str, files: int, batch_id: int) -> list:  # noqa: ANN001
+    stats = json.dumps({"numRecords": 1000, "minValues": {"id": batch_id * 1000},
+                        "maxValues": {"id": batch_id * 1000 + 999}, "nullCount": {"id": 0}})
+    return [pb.TableWrite(
+        table=table, mode=pb.APPEND, schema_json=SCHEMA_JSON,
+        add_files=[pb.AddFile(path=f"_percolake/{txn_id}/part-{i:05d}-{uuid.uuid4().hex}.parquet",
+                              size=123_456, modification_time=int(time.time() * 1000),
+                              stats=stats) for i in range(files)])
+        for table in tables]
+
+
+def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # noqa: ANN001
+             tables: list[str], files: int, batch_id: int, lat: dict[str, list[float]]) -> None:
+    pc = time.perf_counter
+    t0 = pc()
+    open_req = pb.OpenTransactionRequest(pipeline_id=pipeline, batch_id=batch_id, epoch=epoch,
+                                         query_id=query_id)
+    if mode == "3rpc":
+        open_req.tables.extend(tables)
+    reply = stub.OpenTransaction(open_req, timeout=60)
+    t1 = pc()
+    txn_id = reply.transaction.txn_id
+    writes = _writes(pb, tables, txn_id, files, batch_id)
+    if mode == "4rpc":
+        stub.Prewrite(pb.PrewriteRequest(txn_id=txn_id, epoch=epoch, writes=writes), timeout=60)
+        t2 = pc()
+        commit = stub.CommitTransaction(
+            pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables), timeout=60)
+    else:
+        t2 = t1
+        commit = stub.CommitTransaction(
+            pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables, writes=writes),
+            timeout=60)
+    t3 = pc()
+    assert commit.transaction.state == pb.COMMITTED, commit.transaction
+    stub.ReportApplied(pb.ReportAppliedRequest(
+        txn_id=txn_id, epoch=epoch,
+        tables=[pb.AppliedTable(table=t, delta_version=batch_id) for t in tables]), timeout=60)
+    t4 = pc()
+    lat["open"].append(t1 - t0)
+    if mode == "4rpc":
+        lat["prewrite"].append(t2 - t1)
+    lat["commit"].append(t3 - t2)
+    lat["report"].append(t4 - t3)
+
+
+def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, files: int,
+            t_measure: float, t_end: float, rate_per_thread: float, out: mp.Queue) -> None:
+    """One load-generator process: ``threads`` pipelines, each one transaction at a time."""
+    import grpc
+
+    from percolake.v1 import coordinator_pb2 as pb
+    from percolake.v1 import coordinator_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(target)
+    stub = pb_grpc.CoordinatorStub(channel)
+    results: list[dict] = []
+
+    def run(thread: int) -> None:
+        pipeline = f"bench-{uuid.uuid4().hex[:8]}-{proc}-{thread}"
+        query_id = str(uuid.uuid4())
+        epoch = stub.RegisterPipeline(pb.RegisterPipelineRequest(
+            pipeline_id=pipeline, query_id=query_id), timeout=60).epoch
+        tables = [f"{warehouse}/{pipeline}/table_{k}" for k in range(3)]
+        lat: dict[str, list[float]] = {name: [] for name in (*RPCS, "txn")}
+        committed = errors = 0
+        batch_id = 0
+        interval = 1.0 / rate_per_thread if rate_per_thread else 0.0
+        scheduled = time.monotonic() + (interval * thread / max(1, threads) if interval else 0)
+        while True:
+            if interval:
+                now = time.monotonic()
+                if scheduled > now:
+                    time.sleep(scheduled - now)
+                start = scheduled
+                scheduled += interval
+            else:
+                start = time.monotonic()
+            if start >= t_end:
+                break
+            one: dict[str, list[float]] = {name: [] for name in RPCS}
+            try:
+                _one_txn(stub, pb, mode, pipeline, epoch, query_id, tables, files, batch_id, one)
+            except grpc.RpcError as exc:
+                errors += 1
+                if errors <= 3:
+                    print(f"worker {proc}/{thread}: {exc.code().name}: {exc.details()}",
+                          file=sys.stderr)
+                batch_id += 1
+                continue
+            end = time.monotonic()
+            batch_id += 1
+            if t_measure <= end <= t_end:  # completed in the window (open loop: may start late)
+                committed += 1
+                for name in RPCS:
+                    lat[name].extend(one[name])
+                lat["txn"].append(end - start)
+        results.append({"lat": lat, "committed": committed, "errors": errors})
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    channel.close()
+    merged: dict = {"lat": {name: [] for name in (*RPCS, "txn")}, "committed": 0, "errors": 0}
+    for r in results:
+        for name, values in r["lat"].items():
+            merged["lat"][name].extend(values)
+        merged["committed"] += r["committed"]
+        merged["errors"] += r["errors"]
+    out.put(merged)
+
+
+def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processes: int,
+             warehouse: str, files: int, warmup_s: float, duration_s: float,
+             rate: float = 0.0) -> dict:
+    """Runs one level (closed loop, or open loop at ``rate`` txn/s) and aggregates it."""
+    ctx = mp.get_context("spawn")
+    procs = max(1, min(processes, concurrency))
+    per_proc = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    queue: mp.Queue = ctx.Queue()
+    spawn_margin = 3.0  # spawn + imports + RegisterPipeline before the clock starts
+    t_start = time.monotonic() + spawn_margin
+    t_measure = t_start + warmup_s
+    t_end = t_measure + duration_s
+    rate_per_thread = rate / concurrency if rate else 0.0
+    children = [ctx.Process(target=_worker, args=(target, mode, i, n, warehouse, files,
+                                                  t_measure, t_end, rate_per_thread, queue))
+                for i, n in enumerate(per_proc)]
+    for child in children:
+        child.start()
+    time.sleep(max(0.0, t_measure - time.monotonic()))
+    cpu0, busy0 = bl.cpu_seconds(daemon_pid), bl.machine_busy()
+    time.sleep(max(0.0, t_end - time.monotonic()))
+    cpu1, busy1 = bl.cpu_seconds(daemon_pid), bl.machine_busy()
+    parts = [queue.get(timeout=120 + duration_s) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    lat: dict[str, list[float]] = {name: [] for name in (*RPCS, "txn")}
+    committed = errors = 0
+    for part in parts:
+        committed += part["committed"]
+        errors += part["errors"]
+        for name, values in part["lat"].items():
+            lat[name].extend(values)
+    machine_share = (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1])
+    return {
+        "mode": mode, "concurrency": concurrency, "processes": procs, "rate": rate,
+        "duration_s": duration_s, "committed": committed, "errors": errors,
+        "txn_per_s": committed / duration_s,
+        "daemon_cpu_s_per_s": (cpu1 - cpu0) / duration_s,
+        "daemon_cpu_ms_per_txn": (cpu1 - cpu0) * 1e3 / max(1, committed),
+        "machine_cpu_busy": machine_share,
+        "latency_ms": {name: bl.summary_ms(values) for name, values in lat.items() if values},
+    }
+
+
+# ---------------------------------------------------------------------------- machine limits
+
+
+def _echo_server(port_file: str) -> None:
+    """A trivial gRPC server: only the health service, default thread pool."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    Path(port_file + ".tmp").write_text(str(port))
+    os.replace(port_file + ".tmp", port_file)
+    server.wait_for_termination()
+
+
+def _echo_client(target: str, threads: int, t_begin: float, t_end: float,
+                 out: mp.Queue) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = grpc.insecure_channel(target)
+    stub = health_pb2_grpc.HealthStub(channel)
+    stub.Check(health_pb2.HealthCheckRequest(), timeout=30, wait_for_ready=True)
+    counts: list[int] = []
+
+    def run() -> None:
+        n = 0
+        request = health_pb2.HealthCheckRequest()
+        while time.monotonic() < t_begin:
+            stub.Check(request, timeout=30)
+        while time.monotonic() < t_end:
+            stub.Check(request, timeout=30)
+            n += 1
+        counts.append(n)
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    out.put(sum(counts))
+
+
+def grpc_rtt(target: str, samples: int) -> dict[str, float]:
+    """Round trip of one health Check at a time from this process."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest()
+        stub.Check(request, timeout=30, wait_for_ready=True)
+        for _ in range(50):
+            stub.Check(request, timeout=30)
+        lat = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            stub.Check(request, timeout=30)
+            lat.append(time.perf_counter() - t0)
+    return bl.summary_ms(lat)
+
+
+def grpc_echo_throughput(target: str, concurrency: int, processes: int,
+                         duration_s: float) -> float:
+    """Health Checks per second with the same process/thread layout as the load generators."""
+    ctx = mp.get_context("spawn")
+    procs = max(1, min(processes, concurrency))
+    per_proc = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    queue: mp.Queue = ctx.Queue()
+    t_begin = time.monotonic() + 3.0  # spawn and connect before the clock starts
+    t_end = t_begin + duration_s
+    children = [ctx.Process(target=_echo_client, args=(target, n, t_begin, t_end, queue))
+                for n in per_proc]
+    for child in children:
+        child.start()
+    total = sum(queue.get(timeout=120 + duration_s) for _ in children)
+    for child in children:
+        child.join(timeout=30)
+    return total / duration_s
+
+
+# ---------------------------------------------------------------------------- profiling
+
+
+def start_profiler(kind: str, pid: int, out: Path, duration_s: float) -> subprocess.Popen | None:
+    if kind == "none":
+        return None
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    fmt = "speedscope" if out.suffix == ".json" else "flamegraph"
+    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--duration",
+                             str(int(duration_s)), "--rate", "200", "--format", fmt,
+                             "--output", str(out), "--gil", "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def summarize_profile(path: Path, top: int = 18) -> list[list[object]]:
+    """Inclusive share of the daemon's GIL-holding samples per function (speedscope JSON)."""
+    data = json.loads(path.read_text())
+    frames = data["shared"]["frames"]
+    inclusive: dict[str, float] = {}
+    own: dict[str, float] = {}
+    total = 0.0
+    for profile in data["profiles"]:
+        for sample, weight in zip(profile["samples"], profile["weights"], strict=True):
+            total += weight
+            seen = set()
+            for index in sample:
+                frame = frames[index]
+                key = f"{frame['name']} ({Path(frame.get('file', '')).name})"
+                if key not in seen:
+                    inclusive[key] = inclusive.get(key, 0.0) + weight
+                    seen.add(key)
+            if sample:
+                frame = frames[sample[-1]]
+                key = f"{frame['name']} ({Path(frame.get('file', '')).name})"
+                own[key] = own.get(key, 0.0) + weight
+    skip = ("Thread.", "_worker (thread.py)", "_WorkItem.run", "thread (")
+    ranked = sorted(inclusive.items(), key=lambda kv: -kv[1])
+    return [[name, share / total * 100, own.get(name, 0.0) / total * 100]
+            for name, share in ranked if not name.startswith(skip)][:top]
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _ms(lat: dict, rpc: str, stat: str) -> float:
+    """One latency figure, NaN when nothing of that kind completed in the window."""
+    return lat.get(rpc, {}).get(stat, float("nan"))
+
+
+def render(result: dict) -> str:
+    lim = result["limits"]
+    parts = []
+    parts.append("Machine limits, measured in this run:\n")
+    parts.append(bl.table(
+        ["limit", "p50 ms", "p99 ms", "p999 ms", "throughput"],
+        [["fsync (1 KiB append, data dir)", lim["fsync"]["p50"], lim["fsync"]["p99"],
+          lim["fsync"]["p999"], f"{lim['fsync']['per_s_serial']:,.0f} fsync/s serial"],
+         ["bare gRPC health Check RTT", lim["echo_rtt"]["p50"], lim["echo_rtt"]["p99"],
+          lim["echo_rtt"]["p999"],
+          f"{lim['echo_calls_per_s']:,.0f} calls/s at concurrency {lim['echo_concurrency']}; "
+          f"server CPU {lim['echo_server_cpu_ms_per_call']:.3f} ms/call"],
+         ["daemon health Check RTT", lim["daemon_rtt"]["p50"], lim["daemon_rtt"]["p99"],
+          lim["daemon_rtt"]["p999"], ""]]))
+    rows = []
+    for level in result["closed_loop"]:
+        lat = level["latency_ms"]
+        rpcs = 4 if level["mode"] == "4rpc" else 3
+        rows.append([
+            level["mode"], level["concurrency"], level["txn_per_s"],
+            level["txn_per_s"] * rpcs / lim["echo_calls_per_s"],
+            _ms(lat, "open", "p50"),
+            _ms(lat, "prewrite", "p50"),
+            _ms(lat, "commit", "p50"), _ms(lat, "commit", "p99"), _ms(lat, "commit", "p999"),
+            _ms(lat, "report", "p50"), _ms(lat, "txn", "p50"), _ms(lat, "txn", "p99"),
+            _ms(lat, "txn", "p999"),
+            _ms(lat, "commit", "p50") / lim["fsync"]["p50"],
+            level["daemon_cpu_ms_per_txn"],
+            level["daemon_cpu_ms_per_txn"] / (rpcs * lim["echo_server_cpu_ms_per_call"]),
+            level["daemon_cpu_s_per_s"],
+            level["machine_cpu_busy"] * 100, level["errors"]])
+    parts.append("\nClosed loop (each load thread runs one transaction after another):\n")
+    parts.append(bl.table(
+        ["path", "conc.", "txn/s", "RPC/s ÷ echo calls/s", "open p50", "prewrite p50",
+         "commit p50", "commit p99", "commit p999", "report p50", "txn p50", "txn p99",
+         "txn p999", "commit p50 ÷ fsync p50", "daemon CPU ms/txn",
+         "daemon CPU ÷ bare gRPC CPU of its RPCs", "daemon cores",
+         "machine busy %", "errors"], rows))
+    rows = []
+    for level in result["fixed_rate"]:
+        lat = level["latency_ms"]
+        rows.append([level["mode"], level["rate"], level["txn_per_s"],
+                     _ms(lat, "open", "p99"),
+                     _ms(lat, "prewrite", "p99"),
+                     _ms(lat, "commit", "p50"), _ms(lat, "commit", "p99"),
+                     _ms(lat, "commit", "p999"),
+                     _ms(lat, "report", "p99"), _ms(lat, "txn", "p50"), _ms(lat, "txn", "p99"),
+                     _ms(lat, "commit", "p99") / lim["fsync"]["p99"],
+                     level["daemon_cpu_s_per_s"], level["errors"]])
+    parts.append("\nFixed rate (open loop, latency from each transaction's scheduled start):\n")
+    parts.append(bl.table(
+        ["path", "target txn/s", "achieved txn/s", "open p99", "prewrite p99", "commit p50",
+         "commit p99", "commit p999", "report p99", "txn p50", "txn p99",
+         "commit p99 ÷ fsync p99", "daemon cores", "errors"], rows))
+    if result.get("profile"):
+        prof = result["profile"]
+        parts.append(f"\nWhere the daemon's Python time goes (py-spy --gil, {prof['mode']} at "
+                     f"concurrency {prof['concurrency']}; % of samples holding the GIL):\n")
+        parts.append(bl.table(["function", "inclusive %", "self %"], prof["top"]))
+    parts.append(f"\nBest sustained: **{result['txn_per_s']:,.0f} txn/s** "
+                 f"({result['best_mode']}, concurrency {result['best_concurrency']}); "
+                 f"commit p99 at {result['fixed_rate_target']:.0f} txn/s: "
+                 f"**{result['commit_p99_ms']:.2f} ms** ({result['fixed_rate_mode']}, achieved "
+                 f"{result['fixed_rate_achieved']:.0f} txn/s). "
+                 f"Latencies in ms. {result['files']} files per table, 3 tables per txn.\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a run of a minute or two")
+    parser.add_argument("--json", metavar="PATH", help="write machine-readable results here")
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")],
+                        help="closed-loop concurrency levels, e.g. 1,8,32")
+    parser.add_argument("--modes", default="4rpc,3rpc", help="4rpc, 3rpc or both")
+    parser.add_argument("--duration", type=float, help="measured seconds per level")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--processes", type=int, default=4, help="load-generator processes")
+    parser.add_argument("--files", type=int, default=4, help="data files per table")
+    parser.add_argument("--rate", type=lambda x: [float(r) for r in x.split(",")],
+                        default=[500.0, 100.0],
+                        help="fixed-rate targets in txn/s; the first is the goal's (500)")
+    parser.add_argument("--rate-concurrency", type=int, default=32,
+                        help="threads sharing the fixed-rate schedule")
+    parser.add_argument("--profile", choices=["none", "py-spy"], default="none",
+                        help="record the daemon with py-spy during the best closed-loop level")
+    parser.add_argument("--profile-out",
+                        help="py-spy output: .json (speedscope, summarized in the report) or "
+                        ".svg (flame graph); default: a speedscope file in the work dir")
+    parser.add_argument("--daemon-arg", action="append", default=[],
+                        help="extra argument for `coordinator serve` (repeatable)")
+    parser.add_argument("--no-append", action="store_true", help="do not touch benchmarks.md")
+    parser.add_argument("--workdir", help="where the daemon's data dir goes (default: a temp dir)")
+    args = parser.parse_args()
+    levels = args.levels or ([1, 8, 32] if args.quick else [1, 4, 16, 32, 64])
+    duration = args.duration or (4.0 if args.quick else 10.0)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    info = bl.machine_info()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="percolake-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data_dir, warehouse = work / "data", work / "warehouse"
+    data_dir.mkdir(exist_ok=True)
+    warehouse.mkdir(exist_ok=True)
+    print(f"bench_coordinator: {bl.machine_line(info)}", flush=True)
+    args.profile_out = args.profile_out or str(work / "daemon-profile.json")
+
+    ctx = mp.get_context("spawn")
+    port_file = str(work / ".echo.port")
+    echo = ctx.Process(target=_echo_server, args=(port_file,), daemon=True)
+    echo.start()
+    daemon = DaemonProcess(data_dir, [str(warehouse)], extra_args=[
+        "--roll-forward-after", "1000000", "--txn-timeout", "600", "--log-level", "warning",
+        *args.daemon_arg])
+    result: dict = {"machine": info, "files": args.files, "closed_loop": [], "fixed_rate": []}
+    try:
+        daemon.start()
+        while not os.path.exists(port_file):
+            time.sleep(0.05)
+        echo_target = f"127.0.0.1:{Path(port_file).read_text()}"
+        samples = 500 if args.quick else 2000
+        print("measuring machine limits ...", flush=True)
+        limits = {
+            "fsync": bl.fsync_latency(data_dir, samples),
+            "echo_rtt": grpc_rtt(echo_target, samples),
+            "daemon_rtt": grpc_rtt(daemon.target, samples),
+            "echo_concurrency": max(levels),
+        }
+        echo_cpu0 = bl.cpu_seconds(echo.pid)
+        echo_s = min(duration, 5.0)
+        limits["echo_calls_per_s"] = grpc_echo_throughput(
+            echo_target, max(levels), args.processes, echo_s)
+        limits["echo_server_cpu_ms_per_call"] = (bl.cpu_seconds(echo.pid) - echo_cpu0) * 1e3 / (
+            limits["echo_calls_per_s"] * echo_s)
+        result["limits"] = limits
+        print(json.dumps({k: v for k, v in limits.items()}, default=str), flush=True)
+        pid = daemon.process.pid
+        for mode in modes:
+            for level in levels:
+                profiler = None
+                if args.profile != "none" and level == max(levels) and mode == modes[-1]:
+                    profiler = start_profiler(args.profile, pid, Path(args.profile_out),
+                                              3.0 + args.warmup + duration)
+                run = run_load(daemon.target, pid, mode, level, args.processes, str(warehouse),
+                               args.files, args.warmup, duration)
+                if profiler is not None:
+                    _, err = profiler.communicate(timeout=120)
+                    if profiler.returncode:
+                        print(f"py-spy failed: {err.decode(errors='replace')}", file=sys.stderr)
+                    else:
+                        print(f"profile written to {args.profile_out}")
+                        if args.profile_out.endswith(".json"):
+                            result["profile"] = {
+                                "mode": mode, "concurrency": level,
+                                "top": summarize_profile(Path(args.profile_out))}
+                result["closed_loop"].append(run)
+                lat = run["latency_ms"]
+                print(f"{mode} conc {level:3d}: {run['txn_per_s']:8.0f} txn/s  commit p50 "
+                      f"{_ms(lat, 'commit', 'p50'):.2f} p99 {_ms(lat, 'commit', 'p99'):.2f} ms  "
+                      f"daemon {run['daemon_cpu_ms_per_txn']:.2f} CPU ms/txn  "
+                      f"errors {run['errors']}", flush=True)
+        for mode in modes:
+            for rate in args.rate:
+                run = run_load(daemon.target, pid, mode, args.rate_concurrency, args.processes,
+                               str(warehouse), args.files, args.warmup, duration, rate=rate)
+                result["fixed_rate"].append(run)
+                lat = run["latency_ms"]
+                print(f"{mode} at {rate:.0f} txn/s: achieved {run['txn_per_s']:.0f}, commit "
+                      f"p99 {_ms(lat, 'commit', 'p99'):.2f} ms, txn p99 "
+                      f"{_ms(lat, 'txn', 'p99'):.2f} ms", flush=True)
+    finally:
+        daemon.stop()
+        echo.terminate()
+        echo.join(timeout=10)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    best = max(result["closed_loop"], key=lambda r: r["txn_per_s"])
+    goal_rate = args.rate[0]
+    fixed = min((r for r in result["fixed_rate"] if r["rate"] == goal_rate),
+                key=lambda r: (r["txn_per_s"] < 0.9 * goal_rate,
+                               _ms(r["latency_ms"], "commit", "p99")))
+    result.update({
+        "txn_per_s": best["txn_per_s"], "best_mode": best["mode"],
+        "best_concurrency": best["concurrency"],
+        "commit_p99_ms": _ms(fixed["latency_ms"], "commit", "p99"),
+        "fixed_rate_target": goal_rate, "fixed_rate_mode": fixed["mode"],
+        "fixed_rate_achieved": fixed["txn_per_s"],
+        "fsync_p50_ms": result["limits"]["fsync"]["p50"],
+        "echo_rtt_p50_ms": result["limits"]["echo_rtt"]["p50"],
+    })
+    body = render(result)
+    print()
+    print(body)
+    bl.write_json(args.json, result)
+    if not args.no_append:
+        command = "python scripts/bench_coordinator.py " + " ".join(sys.argv[1:])
+        bl.append_report("bench_coordinator", info, body, command.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The crash suite's Spark driver: a real streaming query writing the bank workload through the
+participant. Run as its own process, so a failpoint (env PERCOLAKE_FAILPOINTS) can kill it hard.
+
+The source is a folder of JSON files, one per batch (``input_rows`` of workload.py), read with
+``maxFilesPerTrigger=1`` and ``trigger(availableNow=True)``: batch ``b`` is file ``b`` on every
+replay, and the query stops by itself once every file present at its start is processed.
+
+    python -m tests.crash.driver --target HOST:PORT --pipeline bank --lake /lake \
+        --input /in --checkpoint /lake/_checkpoints/bank --k 3 --events events.jsonl
+
+Exit codes: 0 every batch done; 3 the query failed (the error is printed and in the events).
+Each call of the user's function is an event, so a test sees whether a replay re-ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _event(path: str, **fields: object) -> None:
+    with open(path, "a") as out:
+        out.write(json.dumps({"pid": os.getpid(), "wall": time.time(), **fields}) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def spark_session(app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is imported lazily
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master("local[1]").appName(app)
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.driver.extraJavaOptions",
+                    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto")
+            .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
+            .getOrCreate())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--lake", required=True)
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--events", required=True)
+    parser.add_argument("--participant-options", default="{}",
+                        help="JSON of extra keyword arguments of Participant")
+    args = parser.parse_args(argv)
+    _event(args.events, event="start", failpoints=os.environ.get("PERCOLAKE_FAILPOINTS", ""))
+
+    from sparkside import Participant
+    from tests.crash import workload
+
+    spark = spark_session()
+    spark.sparkContext.setLogLevel("ERROR")
+    participant = Participant(args.target, pipeline_id=args.pipeline,
+                              **json.loads(args.participant_options))
+    k = args.k
+
+    def write_batch(batch_df, batch_id, txn):  # noqa: ANN001 - the participant's callback
+        query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        _event(args.events, event="user_fn", batch=batch_id, query_id=query_id)
+        src = batch_df.selectExpr("CAST(seq AS BIGINT) AS seq", "CAST(i AS BIGINT) AS i")
+        debits = src.selectExpr("seq AS batch", "i", f"CAST({workload.SOURCE_SQL} AS BIGINT) "
+                                "AS account", f"CAST({workload.AMOUNT_SQL} AS BIGINT) AS amount")
+        credits = src.selectExpr("seq AS batch", "i", f"CAST({workload.TARGET_SQL} AS BIGINT) "
+                                 "AS account", f"CAST({workload.AMOUNT_SQL} AS BIGINT) AS amount")
+        balances = batch_df.sparkSession.createDataFrame(
+            workload.balance_rows(batch_id, k), "account long, balance long, batch long")
+        txn.write(debits, f"{args.lake}/{workload.DEBITS}")
+        txn.write(credits, f"{args.lake}/{workload.CREDITS}")
+        txn.write(balances, f"{args.lake}/{workload.BALANCES}", mode="overwrite")
+
+    stream = (spark.readStream.schema("seq long, i long").option("maxFilesPerTrigger", 1)
+              .json(args.input))
+    query = (stream.writeStream.foreachBatch(participant.wrap(write_batch))
+             .option("checkpointLocation", args.checkpoint)
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    except Exception as exc:
+        text = str(exc)
+        _event(args.events, event="error", message=text[:4000])
+        print(f"QUERY FAILED: {text[:4000]}", file=sys.stderr)
+        traceback.print_exc()
+        spark.stop()
+        return 3
+    _event(args.events, event="done", query_id=query.id)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Processes of one crash scenario: the coordinator daemon, Spark drivers, a snapshot reader.
+
+Everything runs as real child processes; a failpoint (env PERCOLAKE_FAILPOINTS) or SIGKILL ends
+them hard, and they are restarted on the same data dir, port and checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.launcher import DaemonProcess
+from tests.crash import workload
+from tests.crash.checker import Checker, Report, TableSpec, bank_tables, load_observations
+from tests.crash.rpc import Client
+
+ROOT = Path(__file__).resolve().parents[2]
+FAILPOINT_EXIT = 137
+QUERY_FAILED = 3
+
+
+def child_env(failpoints: str = "") -> dict[str, str]:
+    env = {**os.environ, "PERCOLAKE_FAILPOINTS": failpoints}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    return env
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Polls ``predicate`` until it returns something truthy; fails naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class DriverRun:
+    """One driver process and what it left behind."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    events_path: Path
+    failpoints: str
+    started_pid_events: int = 0
+
+    def wait(self, timeout_s: float = 240.0) -> int:
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise TimeoutError(
+                f"driver did not finish in {timeout_s:.0f} s:\n{self.log_tail()}") from None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self) -> list[dict[str, Any]]:
+        mine = [e for e in read_events(self.events_path) if e.get("pid") == self.process.pid]
+        return mine
+
+    def user_fn_batches(self) -> list[int]:
+        return [e["batch"] for e in self.events() if e["event"] == "user_fn"]
+
+    def kill(self) -> None:
+        """SIGKILL to the driver and its JVM (its own process group)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP to the driver and its JVM: a stalled driver (a long GC, a network partition)."""
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+@dataclass
+class Scenario:
+    """A lake, a coordinator, the bank pipeline's input and checkpoint, drivers and a reader."""
+
+    root: Path
+    pipeline: str = "bank"
+    k: int = 3
+    coordinator_args: list[str] = field(default_factory=lambda: [
+        "--roll-forward-after", "3", "--txn-timeout", "60", "--log-format", "text"])
+    participant_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self.lake = self.root / "lake"
+        self.input = self.root / "input"
+        self.checkpoint = self.lake / "_checkpoints" / self.pipeline
+        self.events_path = self.root / "events.jsonl"
+        for d in (self.lake, self.input):
+            d.mkdir(parents=True, exist_ok=True)
+        self.daemon = DaemonProcess(self.root / "coordinator-data", [str(self.lake)],
+                                    extra_args=self.coordinator_args,
+                                    log_path=self.root / "coordinator.log")
+        self.inputs = 0
+        self.drivers: list[DriverRun] = []
+        self.reader: subprocess.Popen[bytes] | None = None
+        self.reader_out = self.root / "observations.jsonl"
+        self.reader_stop = self.root / "reader.stop"
+        self.coordinator_restarts = 0
+        self._watch: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self.max_ts_before_restart: list[tuple[int, int]] = []
+
+    # ------------------------------------------------------------------ processes
+
+    @property
+    def target(self) -> str:
+        return self.daemon.target
+
+    def client(self, retry_s: float = 60.0) -> Client:
+        return Client(self.target, retry_s=retry_s)
+
+    def start_coordinator(self, failpoints: str = "") -> None:
+        self.daemon.start(env={"PERCOLAKE_FAILPOINTS": failpoints})
+
+    def restart_coordinator(self, failpoints: str = "") -> None:
+        """SIGKILL (if still alive) and start again on the same data dir and port."""
+        self.daemon.kill()
+        self.daemon.start(env={"PERCOLAKE_FAILPOINTS": failpoints})
+        self.coordinator_restarts += 1
+
+    def watch_coordinator(self) -> None:
+        """Restarts the coordinator (failpoints off) whenever it dies, until ``stop_watch``."""
+
+        def loop() -> None:
+            while not self._watch_stop.wait(0.05):
+                if not self.daemon.is_running():
+                    self.restart_coordinator()
+
+        self._watch_stop.clear()
+        self._watch = threading.Thread(target=loop, name="coordinator-watch", daemon=True)
+        self._watch.start()
+
+    def stop_watch(self) -> None:
+        self._watch_stop.set()
+        if self._watch is not None:
+            self._watch.join()
+
+    def add_input(self, n: int) -> None:
+        """Adds the input files of the next n batches (one file per batch, mtime ordered)."""
+        for _ in range(n):
+            b = self.inputs
+            tmp = self.input / f".b{b:06d}.tmp"
+            tmp.write_text("\n".join(json.dumps(r) for r in workload.input_rows(b, self.k)))
+            stamp = 1_700_000_000 + b
+            os.utime(tmp, (stamp, stamp))
+            tmp.rename(self.input / f"b{b:06d}.json")
+            self.inputs += 1
+
+    def start_driver(self, failpoints: str = "", checkpoint: Path | None = None,
+                     options: dict[str, Any] | None = None) -> DriverRun:
+        n = len(self.drivers)
+        log_path = self.root / f"driver-{n}.log"
+        command = [
+            sys.executable, "-m", "tests.crash.driver", "--target", self.target,
+            "--pipeline", self.pipeline, "--lake", str(self.lake), "--input", str(self.input),
+            "--checkpoint", str(checkpoint or self.checkpoint), "--k", str(self.k),
+            "--events", str(self.events_path),
+            "--participant-options", json.dumps({**self.participant_options, **(options or {})}),
+        ]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
+                                       env=child_env(failpoints), start_new_session=True)
+        run = DriverRun(process, log_path, self.events_path, failpoints)
+        self.drivers.append(run)
+        return run
+
+    def run_driver(self, failpoints: str = "", expect: int | None = 0,
+                   timeout_s: float = 240.0, **kwargs: Any) -> DriverRun:
+        run = self.start_driver(failpoints, **kwargs)
+        rc = run.wait(timeout_s)
+        if expect is not None and rc != expect:
+            raise AssertionError(f"driver (failpoints {failpoints!r}) exited {rc}, expected "
+                                 f"{expect}:\n{run.log_tail()}\ncoordinator:\n"
+                                 f"{self.daemon.log_tail()}")
+        return run
+
+    def start_reader(self, tables: list[TableSpec] | None = None,
+                     prefixes: list[str] | None = None) -> None:
+        tables = tables or self.tables()
+        self.reader_stop.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "tests.crash.reader", "--target", self.target,
+                   "--out", str(self.reader_out), "--stop-file", str(self.reader_stop),
+                   *sum((["--table", f"{t.name}={t.path}"] for t in tables), [])]
+        for prefix in prefixes or [""]:
+            command += ["--prefix", prefix]
+        log = open(self.root / "reader.log", "ab")  # noqa: SIM115 - handed to the child
+        self.reader = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
+                                       env=child_env())
+        log.close()
+
+    def stop_reader(self) -> None:
+        if self.reader is None:
+            return
+        self.reader_stop.touch()
+        try:
+            self.reader.wait(30)
+        except subprocess.TimeoutExpired:
+            self.reader.kill()
+            self.reader.wait()
+        self.reader = None
+
+    def wait_reader_observations(self, n: int = 1, timeout_s: float = 30.0) -> None:
+        wait_for(lambda: sum("snapshot_ts" in o for o in self.observations()) >= n,
+                 timeout_s, f"{n} reader observations")
+
+    def observations(self) -> list[dict[str, Any]]:
+        return load_observations([self.reader_out])
+
+    def close(self) -> None:
+        self.stop_watch()
+        self.stop_reader()
+        for run in self.drivers:
+            run.kill()
+        self.daemon.kill()
+
+    # ------------------------------------------------------------------ checking
+
+    def tables(self) -> list[TableSpec]:
+        return bank_tables(self.lake, self.k)
+
+    def check(self, expected: dict[tuple[str, int], range | list[int]] | None = None,
+              tables: list[TableSpec] | None = None) -> Report:
+        """Every invariant over everything so far; ``expected`` defaults to generation 0
+        holding one batch per input file."""
+        if expected is None:
+            expected = {(self.pipeline, 0): range(self.inputs)}
+        with self.client() as client:
+            checker = Checker(client, tables or self.tables())
+            return checker.check(expected, self.observations())
+
+    def delete_checkpoint(self) -> None:
+        shutil.rmtree(self.checkpoint)
+
+    def reset_pipeline(self, generation: int, reason: str = "crash suite C11") -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "coordinator", "reset-pipeline", "--target", self.target,
+             "--pipeline", self.pipeline, "--generation", str(generation), "--reason", reason],
+            capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=60)
+        if out.returncode != 0:
+            raise AssertionError(f"reset-pipeline failed: {out.stderr}")
+        return json.loads(out.stdout)
+
+
+def failpoint_hit(run: DriverRun, name: str) -> bool:
+    return run.returncode == FAILPOINT_EXIT and f"failpoint {name}" in run.log()

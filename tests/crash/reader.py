@@ -1,0 +1,110 @@
+"""Snapshot reader process: loops GetSnapshot + deltalake reads at the snapshot's versions.
+
+Every observation (or error) is one JSON line in ``--out``; the checker compares each with the
+state the committed transactions define at its snapshot_ts (I1). Runs until ``--stop-file``
+exists. Coordinator restarts are expected: UNAVAILABLE is recorded and the loop goes on.
+
+    python -m tests.crash.reader --target HOST:PORT --table debits=/lake/debits ... --out obs.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from percolake.v1 import coordinator_pb2 as pb
+from percolake.v1 import coordinator_pb2_grpc as pb_grpc
+from tests.crash.checker import local_path, txn_of_path
+
+
+class FileCache:
+    """Data files never change once written: read each once."""
+
+    def __init__(self) -> None:
+        self.summaries: dict[str, dict[str, Any]] = {}
+
+    def summary(self, path: str) -> dict[str, Any]:
+        if path not in self.summaries:
+            table = pq.read_table(path).to_pydict()
+            columns = set(table)
+            rows = len(next(iter(table.values()))) if table else 0
+            summary: dict[str, Any] = {"rows": rows}
+            if "amount" in columns:
+                summary["sum"] = int(sum(table["amount"]))
+            if "balance" in columns:
+                summary["balances"] = [list(r) for r in zip(
+                    table["account"], table["balance"], table["batch"], strict=True)]
+            self.summaries[path] = summary
+        return self.summaries[path]
+
+
+def observe(stub: pb_grpc.CoordinatorStub, tables: dict[str, str], cache: FileCache,
+            reader: str) -> dict[str, Any]:
+    reply = stub.GetSnapshot(pb.GetSnapshotRequest(tables=list(tables.values())), timeout=30)
+    obs: dict[str, Any] = {"reader": reader, "snapshot_ts": reply.snapshot_ts, "tables": {},
+                           "wall": time.time()}
+    by_path = {t.table: t for t in reply.tables}
+    for name, path in tables.items():
+        version = by_path[path]
+        seen: dict[str, Any] = {"version": None, "txns": {}, "rows": 0, "sum": 0}
+        if version.exists:
+            seen["version"] = version.delta_version
+            dt = DeltaTable(path, version=version.delta_version)
+            balances: list[list[int]] = []
+            for uri in dt.file_uris():
+                file = local_path(uri)
+                summary = cache.summary(file)
+                txn = str(txn_of_path(os.path.relpath(file, os.path.realpath(path))))
+                rows, total = seen["txns"].get(txn, (0, 0))
+                seen["txns"][txn] = (rows + summary["rows"], total + summary.get("sum", 0))
+                seen["rows"] += summary["rows"]
+                seen["sum"] += summary.get("sum", 0)
+                balances += summary.get("balances", [])
+            if balances:
+                seen["balances"] = balances
+        obs["tables"][name] = seen
+    return obs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--table", action="append", required=True, metavar="NAME=PATH")
+    parser.add_argument("--prefix", action="append", default=None,
+                        help="bank table-name prefixes to check the bank invariant on")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--name", default=f"reader-{os.getpid()}")
+    args = parser.parse_args(argv)
+    tables = dict(item.split("=", 1) for item in args.table)
+    cache = FileCache()
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    channel = grpc.insecure_channel(args.target)
+    stub = pb_grpc.CoordinatorStub(channel)
+    while not Path(args.stop_file).exists():
+        try:
+            obs = observe(stub, tables, cache, args.name)
+            obs["prefixes"] = args.prefix or [""]
+        except grpc.RpcError as exc:
+            obs = {"reader": args.name, "error": exc.details(), "code": exc.code().name}
+            time.sleep(0.2)
+        except Exception as exc:  # a version the snapshot named could not be read: recorded
+            obs = {"reader": args.name, "error": repr(exc), "code": "READ_ERROR"}
+        out.write(json.dumps(obs) + "\n")
+        time.sleep(args.interval)
+    out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

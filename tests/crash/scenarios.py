@@ -1,0 +1,410 @@
+"""One function per crash point C1-C11, shared by the fast tests and ``scripts/crash_soak.py``.
+
+Each builds a fresh :class:`Scenario` under ``root``, makes the named process die at its point,
+restarts it, lets the work finish, and returns an :class:`Outcome`: the checker's report (every
+invariant over every Delta version and every reader observation) plus the crash-point-specific
+findings, also as violations. A scenario raises only when the crash could not be staged (the
+failpoint was never reached, a process hung): that is a harness failure, not a verdict.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.crash import light
+from tests.crash.checker import Checker, Report, read_versions
+from tests.crash.harness import FAILPOINT_EXIT, QUERY_FAILED, Scenario, wait_for
+from tests.crash.rpc import COMMITTED_STATES, state_name
+
+
+@dataclass
+class Outcome:
+    crash_point: str
+    report: Report
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def violations(self) -> list[str]:
+        return self.report.violations
+
+    def summary(self) -> str:
+        return f"{self.crash_point}: {self.report.summary()}\nnotes: {self.notes}"
+
+
+def _expect_crash(sc: Scenario, failpoints: str, name: str) -> Any:
+    run = sc.run_driver(failpoints, expect=None)
+    rc = run.returncode
+    if rc != FAILPOINT_EXIT or f"failpoint {name}" not in run.log():
+        raise AssertionError(f"driver with {failpoints!r} exited {rc} without reaching failpoint "
+                             f"{name}:\n{run.log_tail()}\ncoordinator:\n{sc.daemon.log_tail()}")
+    return run
+
+
+def _txns(sc: Scenario, **filters: Any) -> list[Any]:
+    with sc.client() as client:
+        return client.list_transactions(sc.pipeline, **filters)
+
+
+def _batch_state(sc: Scenario, batch: int) -> list[str]:
+    return [state_name(t.state) for t in _txns(sc, batch_id=batch)]
+
+
+def driver_crash(root: Path, point: str, failpoints: str, crash_batch: int = 1,
+                 batches: int = 3, k: int = 3) -> Outcome:
+    """C1-C3, C6-C8: the driver dies at ``failpoints`` in batch ``crash_batch``; a new driver
+    on the same checkpoint finishes every batch."""
+    sc = Scenario(root, k=k)
+    try:
+        sc.start_coordinator()
+        sc.add_input(batches)
+        sc.start_reader()
+        crashed = _expect_crash(sc, failpoints, failpoints.split("=")[0])
+        notes: dict[str, Any] = {"states_after_crash": _batch_state(sc, crash_batch)}
+        in_tables = {t.name: _batch_in_table(t.path, crash_batch, sc) for t in sc.tables()}
+        notes["tables_with_crashed_batch"] = sorted(n for n, hit in in_tables.items() if hit)
+        sc.add_input(1)
+        recovery = sc.run_driver()
+        notes["user_fn_crashed_run"] = crashed.user_fn_batches()
+        notes["user_fn_recovery_run"] = recovery.user_fn_batches()
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        report = sc.check()
+        committed_before = any(s in ("COMMITTED", "APPLIED") for s in notes["states_after_crash"])
+        if committed_before and crash_batch in recovery.user_fn_batches():
+            report.add("I2", f"{point}: batch {crash_batch} was committed before the crash but "
+                       "the user's function ran again on replay")
+        return Outcome(point, report, notes)
+    finally:
+        sc.close()
+
+
+def _batch_in_table(path: str, batch: int, sc: Scenario) -> bool:
+    with sc.client() as client:
+        ids = {t.txn_id for t in client.list_transactions(sc.pipeline, batch_id=batch)}
+    versions = read_versions(path)
+    return bool(versions) and any(p.split("/")[1] in ids for p in versions[-1].files
+                                  if p.startswith("_percolake/"))
+
+
+def coordinator_crash(root: Path, point: str, failpoint: str, batches: int = 3,
+                      k: int = 3) -> Outcome:
+    """C4/C5: the coordinator dies at ``failpoint`` during the commit of batch 1; it is
+    restarted (same data dir and port) while the driver keeps running on its retries."""
+    sc = Scenario(root, k=k)
+    try:
+        sc.start_coordinator(failpoints=f"{failpoint}=2*exit")
+        sc.add_input(batches)
+        sc.start_reader()
+        first_pid = sc.daemon.process.pid
+        sc.watch_coordinator()
+        run = sc.run_driver(expect=None)
+        sc.stop_watch()
+        notes: dict[str, Any] = {"coordinator_restarts": sc.coordinator_restarts,
+                                 "driver_rc": run.returncode}
+        log = (sc.root / "coordinator.log").read_text(errors="replace")
+        report = Report()
+        if sc.coordinator_restarts < 1 or f"failpoint {failpoint}" not in log:
+            raise AssertionError(f"coordinator never died at {failpoint} (pid {first_pid}):\n"
+                                 f"{sc.daemon.log_tail()}")
+        if run.returncode != 0:
+            report.add("I4", f"{point}: the driver did not survive the coordinator restart "
+                       f"(exit {run.returncode}):\n{run.log_tail(15)}")
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        report.merge(sc.check())
+        return Outcome(point, report, notes)
+    finally:
+        sc.close()
+
+
+def zombie_driver(root: Path, batches: int = 3, k: int = 3) -> Outcome:
+    """C10: driver A stalls (SIGSTOP, like a long GC pause) between prewriting batch 1 and
+    committing it; driver B starts on the same checkpoint, registers (new epoch) and finishes
+    every batch; then A resumes (SIGCONT) and tries to commit: it must change nothing."""
+    sc = Scenario(root, k=k)
+    try:
+        sc.start_coordinator()
+        sc.add_input(batches)
+        sc.start_reader()
+        # The failpoint only widens the window between prewrite and commit so the harness can
+        # freeze A inside it; the freeze, not the sleep, keeps A away until B is done.
+        zombie = sc.start_driver("after-prewrite=2*sleep(10)")
+        prewritten = wait_for(lambda: [t for t in _txns(sc, batch_id=1)
+                                       if state_name(t.state) == "PREWRITTEN"
+                                       and len(t.participants) == len(sc.tables())
+                                       and all(p.prewritten for p in t.participants)], 120,
+                              "the zombie's prewrite of batch 1 (every table)", interval_s=0.05)
+        zombie.pause()
+        zombie_txn = prewritten[0].txn_id
+        with sc.client() as client:
+            epoch_a = client.pipeline(sc.pipeline).epoch
+        successor = sc.start_driver()
+        rc_b = successor.wait()
+        with sc.client() as client:
+            epoch_b = client.pipeline(sc.pipeline).epoch
+        zombie.resume()
+        rc_a = zombie.wait()
+        notes = {"zombie_rc": rc_a, "successor_rc": rc_b, "epochs": (epoch_a, epoch_b),
+                 "zombie_user_fn": zombie.user_fn_batches(),
+                 "successor_user_fn": successor.user_fn_batches()}
+        report = Report()
+        if rc_b != 0:
+            report.add("I5", f"C10: the new driver failed (exit {rc_b}):\n"
+                       f"{successor.log_tail(15)}")
+        if rc_a == 0:
+            report.add("I5", "C10: the zombie driver finished its batch without being fenced")
+        if "fenced" not in zombie.log().lower():
+            report.add("I5", "C10: the zombie's failure does not say it was fenced:\n"
+                       f"{zombie.log_tail(15)}")
+        with sc.client() as client:
+            txn = client.transaction(zombie_txn)
+        if state_name(txn.state) != "ABORTED":
+            report.add("I5", f"C10: the zombie's attempt {zombie_txn} is "
+                       f"{state_name(txn.state)}, not ABORTED")
+        notes["zombie_abort_reason"] = txn.abort_reason
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        report.merge(sc.check())
+        return Outcome("C10", report, notes)
+    finally:
+        sc.close()
+
+
+def zombie_light(root: Path, rng: random.Random | None = None, batches: int = 3,
+                 k: int = 3) -> Outcome:
+    """C10 without Spark: a driver prewrites batch 0, a new driver registers the same pipeline
+    and query id, and the old one then sends every kind of request with its old epoch. Each must
+    be refused and change nothing (I5); the new driver's batches land exactly once."""
+    import grpc
+
+    from percolake.v1 import coordinator_pb2 as pb
+
+    sc = Scenario(root, k=k)
+    report = Report()
+    try:
+        sc.start_coordinator()
+        query_id = str(uuid.uuid4())
+        new = light.LightPipeline(sc.target, "z", str(sc.lake), k, batches)
+        new.query_id = query_id
+        tables = new.tables
+        paths = [t.path for t in tables]
+        with sc.client() as client:
+            old_epoch = client.call("RegisterPipeline", pb.RegisterPipelineRequest(
+                pipeline_id="z", query_id=query_id)).epoch
+            opened = client.call("OpenTransaction", pb.OpenTransactionRequest(
+                pipeline_id="z", batch_id=0, epoch=old_epoch, query_id=query_id, tables=paths))
+            zombie_txn = opened.transaction.txn_id
+            writes = light.write_files(tables, opened, "z", 0, k)
+            client.call("Prewrite", pb.PrewriteRequest(txn_id=zombie_txn, epoch=old_epoch,
+                                                       writes=writes))
+            new.start()
+            new.join(120)
+            for error in new.errors:
+                report.add("C10", f"new driver: {error.strip()[-1500:]}")
+            live = client.call("OpenTransaction", pb.OpenTransactionRequest(
+                pipeline_id="z", batch_id=batches, epoch=new.epoch, query_id=query_id))
+            before = {t.txn_id: (t.state, t.commit_ts) for t in client.list_transactions("z")}
+            last_applied = next(t for t in client.list_transactions("z")
+                                if t.batch_id == batches - 1 and t.state in COMMITTED_STATES)
+            attempts = {
+                "Commit": ("CommitTransaction", pb.CommitTransactionRequest(
+                    txn_id=zombie_txn, epoch=old_epoch, tables=paths)),
+                "Open": ("OpenTransaction", pb.OpenTransactionRequest(
+                    pipeline_id="z", batch_id=batches + 1, epoch=old_epoch,
+                    query_id=query_id, tables=paths)),
+                "Declare": ("DeclareTables", pb.DeclareTablesRequest(
+                    txn_id=live.transaction.txn_id, epoch=old_epoch, tables=paths)),
+                "Heartbeat": ("Heartbeat", pb.HeartbeatRequest(
+                    txn_id=live.transaction.txn_id, epoch=old_epoch)),
+                "Abort": ("AbortTransaction", pb.AbortTransactionRequest(
+                    txn_id=live.transaction.txn_id, epoch=old_epoch, reason="zombie")),
+                "ReportApplied": ("ReportApplied", pb.ReportAppliedRequest(
+                    txn_id=last_applied.txn_id, epoch=old_epoch, tables=[pb.AppliedTable(
+                        table=paths[0], delta_version=999)])),
+            }
+            # An executor of the zombie finishes writing after its attempt was aborted and
+            # cleaned up; then the zombie tries to record that write.
+            late = light.write_files(tables, opened, "z", 0, k)
+            attempts["Prewrite"] = ("Prewrite", pb.PrewriteRequest(
+                txn_id=zombie_txn, epoch=old_epoch, writes=late))
+            refusals = {}
+            for label, (method, request) in attempts.items():
+                try:
+                    client.call(method, request)
+                    report.add("I5", f"C10: the zombie's {label} with epoch {old_epoch} was "
+                               "accepted")
+                except grpc.RpcError as exc:
+                    refusals[label] = f"{exc.code().name}: {exc.details()}"
+            after = {t.txn_id: (t.state, t.commit_ts) for t in client.list_transactions("z")}
+            changed = {t: (before.get(t), after.get(t)) for t in set(before) | set(after)
+                       if before.get(t) != after.get(t)}
+            if changed:
+                report.add("I5", f"C10: zombie requests changed transactions {changed}")
+            zombie = client.transaction(zombie_txn)
+            if state_name(zombie.state) != "ABORTED":
+                report.add("I5", f"C10: the zombie's attempt is {state_name(zombie.state)}")
+            client.call("AbortTransaction", pb.AbortTransactionRequest(
+                txn_id=live.transaction.txn_id, epoch=new.epoch, reason="end of scenario"))
+            report.merge(Checker(client, tables).check({("z", 0): range(batches)}))
+        return Outcome("C10", report, {"refusals": refusals, "epochs": (old_epoch, new.epoch)})
+    finally:
+        sc.close()
+
+
+def checkpoint_reset(root: Path, batches: int = 2, k: int = 3) -> Outcome:
+    """C11: the checkpoint is deleted and the query started again: refused with
+    FAILED_PRECONDITION and nothing written, until reset-pipeline; then every batch of the new
+    generation lands although its batch ids were used by generation 0."""
+    sc = Scenario(root, k=k)
+    try:
+        sc.start_coordinator()
+        sc.add_input(batches)
+        sc.start_reader()
+        sc.run_driver()
+        before = {t.name: len(read_versions(t.path)) for t in sc.tables()}
+        sc.delete_checkpoint()
+        refused = sc.run_driver(expect=None)
+        after = {t.name: len(read_versions(t.path)) for t in sc.tables()}
+        report = Report()
+        log = refused.log()
+        if refused.returncode != QUERY_FAILED or "FAILED_PRECONDITION" not in log.upper() \
+                and "query id" not in log:
+            report.add("I9", f"C11: the query on a fresh checkpoint was not refused (exit "
+                       f"{refused.returncode}):\n{refused.log_tail(15)}")
+        if "reset-pipeline" not in log:
+            report.add("I9", "C11: the refusal does not name the reset-pipeline command")
+        if before != after:
+            report.add("I9", f"C11: the refused query changed the tables: {before} -> {after}")
+        with sc.client() as client:
+            uncommitted = [t for t in client.list_transactions(sc.pipeline)
+                           if t.state not in COMMITTED_STATES]
+        if any(state_name(t.state) != "ABORTED" for t in uncommitted):
+            report.add("I9", "C11: the refused query left live transactions")
+        reset = sc.reset_pipeline(0)
+        again = sc.reset_pipeline(0)
+        if reset["generation"] != 1 or again["generation"] != 1 or again["changed"]:
+            report.add("I9", f"C11: reset answered {reset}, repeated {again}")
+        sc.run_driver()
+        with sc.client() as client:
+            gens = sorted({t.generation for t in client.list_transactions(sc.pipeline)})
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        report.merge(sc.check({(sc.pipeline, 0): range(batches),
+                               (sc.pipeline, 1): range(batches)}))
+        return Outcome("C11", report, {"generations": gens, "reset": reset,
+                                       "refused_rc": refused.returncode})
+    finally:
+        sc.close()
+
+
+COMMIT_FAILPOINTS = ("", "before-commit-durable", "after-commit-durable-before-reply")
+
+
+def coordinator_sigkill_under_load(root: Path, rng: random.Random | None = None,
+                                   pipelines: int = 3, batches: int = 6, kills: int = 4,
+                                   k: int = 3) -> Outcome:
+    """C9: light participants (no Spark) commit concurrently while the coordinator is SIGKILLed
+    at random moments and restarted on the same data dir and port."""
+    rng = rng or random.Random()
+    sc = Scenario(root, k=k, coordinator_args=[
+        "--roll-forward-after", "2", "--txn-timeout", "60", "--conflict-wait", "20",
+        "--log-format", "text"])
+    runs: list[light.LightPipeline] = []
+    try:
+        sc.start_coordinator()
+        runs = light.run_light(sc.target, str(sc.lake), pipelines, batches, k)
+        tables = light.all_tables(runs)
+        sc.start_reader(tables, prefixes=[f"{r.pipeline_id}_" for r in runs])
+        report = Report()
+        kinds: Counter[str] = Counter()
+        armed = ""
+        for n in range(kills):
+            # Die at a random moment, or at the failpoint armed for this round (C4/C5 moments
+            # under concurrency), whichever comes first.
+            until = time.monotonic() + rng.uniform(0.3, 2.0)
+            while time.monotonic() < until and sc.daemon.is_running():
+                time.sleep(0.02)
+            seen = [a.commit_ts for r in runs for a in r.acks]
+            seen += [o["snapshot_ts"] for o in sc.observations() if "snapshot_ts" in o]
+            died_alone = not sc.daemon.is_running()
+            sc.daemon.kill()
+            high = max(seen, default=0)
+            kinds["failpoint " + armed if died_alone and armed else "sigkill"] += 1
+            sc.daemon.start(env={"PERCOLAKE_FAILPOINTS": ""})
+            sc.coordinator_restarts += 1
+            with sc.client() as client:
+                fresh = client.snapshot([t.path for t in tables]).snapshot_ts
+            if fresh <= high:
+                report.add("I6", f"C9: after a restart snapshot_ts {fresh} is not above "
+                           f"{high}, handed out before the kill")
+            armed = rng.choice(COMMIT_FAILPOINTS) if n < kills - 1 else ""
+            if armed:  # one more restart, armed to die at the N-th commit from now
+                sc.daemon.kill()
+                sc.daemon.start(env={"PERCOLAKE_FAILPOINTS": f"{armed}={rng.randint(1, 3)}*exit"})
+        for r in runs:
+            r.join(300)
+            if r.thread.is_alive():
+                report.add("I4", f"C9: pipeline {r.pipeline_id} still running after 300 s")
+            for error in r.errors:
+                report.add("C9", f"pipeline {r.pipeline_id}: {error.strip()[-1500:]}")
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        with sc.client() as client:
+            checker = Checker(client, tables)
+            report.merge(checker.check({(r.pipeline_id, 0): range(batches) for r in runs},
+                                       sc.observations()))
+            for r in runs:
+                for ack in r.acks:
+                    txn = checker.txns.get(ack.txn_id)
+                    if txn is None or txn.state not in COMMITTED_STATES \
+                            or txn.commit_ts != ack.commit_ts:
+                        report.add("I4", f"C9: acknowledged commit {ack} is "
+                                   f"{state_name(txn.state) if txn else 'missing'}")
+        return Outcome("C9", report, {"restarts": sc.coordinator_restarts, "kills": dict(kinds),
+                                      "acks": sum(len(r.acks) for r in runs),
+                                      "pipelines": light.summary(runs)})
+    finally:
+        for r in runs:
+            r.stop.set()
+        sc.close()
+
+
+def _driver_point(point: str, failpoint: str, per_batch: int = 1,
+                  choices: int = 1) -> Callable[..., Outcome]:
+    """A driver crash point hit ``per_batch`` times a batch; the crash takes one of the first
+    ``choices`` hits of batch 1, or with an rng of a random batch."""
+
+    def run(root: Path, rng: random.Random | None = None) -> Outcome:
+        batch = rng.randrange(3) if rng else 1
+        nth = batch * per_batch + (rng.randrange(choices) if rng else 0) + 1
+        return driver_crash(root, point, f"{failpoint}={nth}*exit", crash_batch=batch,
+                            batches=max(3, batch + 2))
+
+    return run
+
+
+CRASH_POINTS: dict[str, Callable[..., Outcome]] = {
+    "C1": _driver_point("C1", "after-open"),
+    "C2": _driver_point("C2", "mid-prewrite", per_batch=3, choices=3),
+    "C3": _driver_point("C3", "after-prewrite"),
+    "C4": lambda root, rng=None: coordinator_crash(root, "C4", "before-commit-durable"),
+    "C5": lambda root, rng=None: coordinator_crash(root, "C5",
+                                                   "after-commit-durable-before-reply"),
+    "C6": _driver_point("C6", "after-commit-reply"),
+    "C7": _driver_point("C7", "after-secondary", per_batch=3, choices=2),
+    "C8": _driver_point("C8", "after-all-secondaries"),
+    "C9": lambda root, rng=None: coordinator_sigkill_under_load(
+        root, rng, **({"pipelines": rng.randint(2, 4), "batches": rng.randint(5, 10),
+                       "kills": rng.randint(3, 8)} if rng else {})),
+    "C10": lambda root, rng=None: zombie_driver(root),
+    "C11": lambda root, rng=None: checkpoint_reset(root),
+    "C10-light": zombie_light,
+}
+SPARK_FREE = ("C9", "C10-light")
