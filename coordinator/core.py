@@ -383,7 +383,8 @@ class TransactionCoordinator:
             self._pipelines[pipeline.pipeline_id] = pipeline
             self._track(updated)
             self._changed.notify_all()
-            fail_point("after-commit-durable-before-reply")
+        self.wait_durable()  # the servicer would wait too; C5 must come after the fsync
+        fail_point("after-commit-durable-before-reply")
         log.info("committed", extra={"txn_id": txn_id, "commit_ts": commit_ts,
                                      "tables": len(updated.tables)})
         return self._fresh(updated)
