@@ -764,11 +764,12 @@ class TransactionCoordinator:
         if txn.state not in LIVE_STATES:
             raise FailedPrecondition(f"transaction {txn_id} is {txn.state.value}")
         if self._deadlines[txn_id] <= self._monotonic():
+            timeout = self._timeouts.get(txn_id, self.config.txn_timeout_s)
             expired = self._expire(txn)
             self._pending_cleanup.add(expired.txn_id)
             raise TransactionAborted(
-                f"transaction {txn_id} expired (no heartbeat for "
-                f"{self.config.txn_timeout_s:.0f} s) and was aborted; retry the batch")
+                f"transaction {txn_id} expired (no heartbeat for {timeout:g} s) and was "
+                "aborted; retry the batch")
         return txn
 
     def _canonical(self, uri: str) -> str:
@@ -918,8 +919,8 @@ class TransactionCoordinator:
         return aborted
 
     def _expire(self, txn: TxnRecord) -> TxnRecord:
-        aborted = self._prepare_abort(
-            txn, f"expired: no heartbeat within {self.config.txn_timeout_s:.0f} s")
+        timeout = self._timeouts.get(txn.txn_id, self.config.txn_timeout_s)
+        aborted = self._prepare_abort(txn, f"expired: no heartbeat within {timeout:g} s")
         self.store.update_txn(aborted)
         self._track(aborted)
         self._changed.notify_all()

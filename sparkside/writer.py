@@ -138,10 +138,10 @@ def _json_value(value: object) -> object:
     if isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.timezone.utc)
-        return value.astimezone(datetime.timezone.utc).isoformat(timespec="microseconds") \
-            .replace("+00:00", "Z")
+        if value.tzinfo is None:  # timestamp_ntz: no zone to name
+            return value.isoformat(timespec="microseconds")
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None) \
+            .isoformat(timespec="microseconds") + "Z"
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):

@@ -38,13 +38,14 @@ def commit(table: Path, df, txn: str, version: int, partition_by: list[str],  # 
 
 def test_stats_describe_each_file_exactly(spark, tmp_path):
     rows = [(1, "b", datetime.date(2026, 1, 2), datetime.datetime(2026, 1, 1, 12, 0, 0, 250),
-             decimal.Decimal("1.50"), float("nan"), None),
+             decimal.Decimal("1.50"), float("nan"), None, datetime.datetime(2026, 1, 1, 8)),
             (7, "a", datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 3),
-             decimal.Decimal("0.10"), 2.0, None),
+             decimal.Decimal("0.10"), 2.0, None, datetime.datetime(2026, 1, 1, 9)),
             (4, None, datetime.date(2026, 1, 5), datetime.datetime(2026, 1, 2),
-             decimal.Decimal("2.25"), -1.0, None)]
+             decimal.Decimal("2.25"), -1.0, None, datetime.datetime(2026, 1, 1, 7))]
     df = spark.createDataFrame(rows, "id long, name string, day date, at timestamp, "
-                                     "amount decimal(10,2), score double, nothing string")
+                                     "amount decimal(10,2), score double, nothing string, "
+                                     "wall timestamp_ntz")
     uri = f"file://{tmp_path / 't'}"
     adds = write_files(df.coalesce(1), uri, f"{uri}/_percolake/x", [])
     assert len(adds) == 1
@@ -52,17 +53,26 @@ def test_stats_describe_each_file_exactly(spark, tmp_path):
     assert "NaN" not in adds[0].stats
     assert stats["numRecords"] == 3
     assert stats["minValues"] == {"id": 1, "name": "a", "day": "2026-01-01",
-                                  "at": "2026-01-01T12:00:00.000250Z"}
+                                  "at": "2026-01-01T12:00:00.000250Z",
+                                  "wall": "2026-01-01T07:00:00.000000"}
     assert stats["maxValues"] == {"id": 7, "name": "b", "day": "2026-01-05",
-                                  "at": "2026-01-03T00:00:00.000000Z"}
+                                  "at": "2026-01-03T00:00:00.000000Z",
+                                  "wall": "2026-01-01T09:00:00.000000"}
     assert stats["nullCount"] == {"id": 0, "name": 1, "day": 0, "at": 0, "amount": 0,
-                                  "score": 0, "nothing": 3}
+                                  "score": 0, "nothing": 3, "wall": 0}
     # 0.10 has no exact float: no bound rather than a rounded one; doubles never get bounds
     assert "amount" not in stats["minValues"] and "score" not in stats["maxValues"]
     path = tmp_path / "t" / adds[0].path
     assert adds[0].size == path.stat().st_size
     column = pq.read_metadata(path).schema.column(3)
     assert column.physical_type == "INT64" and "microseconds" in column.logical_type.to_json()
+    # delta-rs (any Delta reader) parses them: one unparsable value would void the file's stats
+    apply_table_write(TableWriteRecord(uri, WriteMode.APPEND, tuple(adds), delta_schema_json(df)),
+                      app_id="app", app_version=0, txn_id="x", commit_ts=1)
+    parsed = pyarrow.table(DeltaTable(str(tmp_path / "t")).get_add_actions(flatten=True))
+    assert parsed.column("min.id").to_pylist() == [1]
+    assert parsed.column("max.wall").to_pylist() == [datetime.datetime(2026, 1, 1, 9)]
+    assert parsed.column("null_count.name").to_pylist() == [1]
 
 
 def test_timestamps_are_micros_even_when_the_session_asks_for_int96(spark, tmp_path):
