@@ -157,3 +157,14 @@ def append_report(title: str, info: dict[str, object], body: str, command: str) 
 def write_json(path: str | None, data: dict[str, object]) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def publish(name: str, info: dict[str, object], body: str, result: dict[str, object],
+            json_path: str | None, append: bool) -> None:
+    """Prints a run's tables, writes its JSON and appends it to docs/benchmarks.md."""
+    print()
+    print(body)
+    write_json(json_path, result)
+    if append:
+        command = f"python scripts/{name}.py " + " ".join(sys.argv[1:])
+        append_report(name, info, body, command.strip())

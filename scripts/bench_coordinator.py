@@ -536,12 +536,7 @@ def main() -> int:
         "echo_rtt_p50_ms": result["limits"]["echo_rtt"]["p50"],
     })
     body = render(result)
-    print()
-    print(body)
-    bl.write_json(args.json, result)
-    if not args.no_append:
-        command = "python scripts/bench_coordinator.py " + " ".join(sys.argv[1:])
-        bl.append_report("bench_coordinator", info, body, command.strip())
+    bl.publish("bench_coordinator", info, body, result, args.json, not args.no_append)
     return 0
 
 

@@ -274,14 +274,8 @@ def main() -> int:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    body = render(result)
-    print()
-    print(body)
     result["restart_to_serving_s"] = result["history"]["restart"]["to_serving_s"]
-    bl.write_json(args.json, result)
-    if not args.no_append:
-        command = "python scripts/bench_growth.py " + " ".join(sys.argv[1:])
-        bl.append_report("bench_growth", info, body, command.strip())
+    bl.publish("bench_growth", info, render(result), result, args.json, not args.no_append)
     return 0
 
 

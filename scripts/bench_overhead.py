@@ -274,12 +274,7 @@ def main() -> int:
         "Where a batch's time goes (mean ms per batch, driver side):\n",
         bl.table(["phase", "percolake", "baseline"], phase_rows),
     ])
-    print()
-    print(body)
-    bl.write_json(args.json, result)
-    if not args.no_append:
-        command = "python scripts/bench_overhead.py " + " ".join(sys.argv[1:])
-        bl.append_report("bench_overhead", info, body, command.strip())
+    bl.publish("bench_overhead", info, body, result, args.json, not args.no_append)
     return 0
 
 

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from coordinator.launcher import DaemonProcess
 from tests.crash import workload
 from tests.crash.checker import Checker, Report, TableSpec, bank_tables, load_observations
 from tests.crash.rpc import Client
+from tests.daemon_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAILPOINT_EXIT = 137
@@ -34,18 +34,6 @@ def child_env(failpoints: str = "") -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     return env
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
-    """Polls ``predicate`` until it returns something truthy; fails naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 @dataclass
