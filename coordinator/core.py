@@ -344,19 +344,35 @@ class TransactionCoordinator:
         epoch: int | None,
         tables: Iterable[str] = (),
         writes: list[TableWriteRecord] | None = None,
+        release_unwritten: bool = False,
     ) -> TxnRecord:
-        """The commit point: one durable write makes every table of the transaction visible."""
+        """The commit point: one durable write makes every table of the transaction visible.
+
+        Args:
+            txn_id: the attempt.
+            epoch: the caller's epoch (fencing), None for an unregistered pipeline.
+            tables: every table the caller wrote; each must have its prewrite.
+            writes: write intents recorded first, as a Prewrite would (prewrite + commit in
+                one call).
+            release_unwritten: declared tables without a write leave the transaction in the
+                commit's durable write, and their attempt folders are deleted afterwards;
+                without it such a table refuses the commit.
+        """
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
         named = self._resolve_tables(tables)
         if writes:
             self.prewrite(txn_id, epoch, writes)
+        released: list[TableEntry] = []
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
             if txn.state in COMMITTED_STATES:
                 return self._fresh(txn)  # idempotent: a retried commit answers the same
             missing = [t for t in named if t not in txn.tables or not txn.tables[t].prewritten]
             unwritten = [t for t, e in txn.tables.items() if not e.prewritten]
+            if release_unwritten and not missing:
+                released = [txn.tables[t] for t in unwritten]
+                unwritten = []
             if missing or unwritten:
                 raise FailedPrecondition(
                     f"transaction {txn_id} cannot commit: no prewrite for "
@@ -367,6 +383,8 @@ class TransactionCoordinator:
             # a commit that is not yet durable.
             commit_ts = self.oracle.next()
             updated = txn.copy()
+            for entry in released:
+                del updated.tables[entry.table]
             target = TxnState.COMMITTED if updated.tables else TxnState.APPLIED
             check_transition(txn.state, TxnState.COMMITTED)
             updated.state = target
@@ -381,9 +399,13 @@ class TransactionCoordinator:
                     self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None))
                 self.store.update_pipeline(pipeline)
             self._pipelines[pipeline.pipeline_id] = pipeline
+            for entry in released:
+                if self._holders.get(entry.table) == txn_id:
+                    del self._holders[entry.table]
             self._track(updated)
             self._changed.notify_all()
         self.wait_durable()  # the servicer would wait too; C5 must come after the fsync
+        self._remove_released(txn_id, released)
         fail_point("after-commit-durable-before-reply")
         log.info("committed", extra={"txn_id": txn_id, "commit_ts": commit_ts,
                                      "tables": len(updated.tables)})
@@ -968,6 +990,16 @@ class TransactionCoordinator:
                 continue
             with self._lock:
                 self._pending_cleanup.discard(txn.txn_id)
+
+    def _remove_released(self, txn_id: str, released: list[TableEntry]) -> None:
+        """Deletes what a committed attempt left in folders of tables it did not write; no
+        Delta version references them. A crash before this leaves an unreferenced folder."""
+        for entry in released:
+            try:
+                self._remove_files(entry.write_location)
+            except OSError:
+                log.exception("could not delete the folder of a released table",
+                              extra={"txn_id": txn_id, "table": entry.table})
 
     def _commit_ts_of_batch(self, pipeline_id: str, generation: int | None, batch_id: int) -> int:
         validation.check_id("pipeline_id", pipeline_id)

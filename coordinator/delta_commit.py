@@ -12,6 +12,7 @@ import datetime
 import decimal
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -208,13 +209,30 @@ def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
 
 def table_schema_json(table_uri: str) -> str | None:
     """The current Delta schema JSON of a table, or None if the table does not exist."""
-    table = open_table(table_uri)
-    return None if table is None else table.schema().to_json()
+    layout = table_layout(table_uri)
+    return None if layout is None else layout[0]
 
 
-def table_partition_columns(table_uri: str) -> list[str] | None:
+def table_layout(table_uri: str) -> tuple[str, list[str]] | None:
+    """The current schema JSON and partition columns of a table, or None if it does not exist."""
     table = open_table(table_uri)
-    return None if table is None else list(table.metadata().partition_columns)
+    if table is None:
+        return None
+    return table.schema().to_json(), list(table.metadata().partition_columns)
+
+
+def newest_log_entry(table_uri: str) -> str | None:
+    """The name of the newest commit file in the table's ``_delta_log``, None if there is none.
+
+    One directory listing: far cheaper than loading the table, and it changes with every commit.
+    """
+    try:
+        with os.scandir(Path(local_path(table_uri)) / "_delta_log") as entries:
+            commits = [e.name for e in entries if e.name.endswith(".json")
+                       and e.name[:-5].isdigit()]
+    except FileNotFoundError:
+        return None
+    return max(commits, default=None)
 
 
 def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str],

@@ -71,13 +71,14 @@ def fail_point(name: str) -> None:
         point.hits += 1
         if point.nth and point.hits != point.nth:
             return
+    # Said before acting, so a test can see that a process reached (or sleeps in) the point.
+    sys.stderr.write(f"failpoint {name}: {point.action}\n")
+    sys.stderr.flush()
     if point.action == "sleep":
         time.sleep(point.seconds)
         return
     if point.action == "raise":
         raise FailpointError(f"failpoint {name} raised")
-    sys.stderr.write(f"failpoint {name}: {point.action}\n")
-    sys.stderr.flush()
     if point.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(137)

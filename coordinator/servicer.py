@@ -104,7 +104,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def CommitTransaction(self, request, context):  # noqa: N802
         writes = [codec.table_write_from_pb(w) for w in request.writes]
         txn = self.core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
-                               writes)
+                               writes, release_unwritten=request.release_unwritten)
         return pb.CommitTransactionResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc

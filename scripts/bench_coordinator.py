@@ -8,9 +8,9 @@ Load generators in separate processes (threads inside each) drive whole transact
 Each load-generator thread is one pipeline (registered with an epoch and a query id, as a Spark
 driver is) writing its own 3 tables, so the coordinator's table holds never make two threads
 wait on each other. The same run measures the machine's own limits side by side: fsync latency
-of a file in the daemon's data dir and the round trip of a bare gRPC health Check (a trivial
-server in another process, and the daemon's own health service), and prints the coordinator's
-figures as ratios to them.
+of a file in the daemon's data dir and the round trip and throughput of a bare gRPC health
+Check (trivial servers in other processes, one on a thread pool and one on grpc.aio, and the
+daemon's own health service), and prints the coordinator's figures as ratios to them.
 
 Closed loop at several concurrency levels gives the committed txn/s; an open loop at a fixed
 rate (500 txn/s by default) gives the latencies at that load, measured from each transaction's
@@ -215,20 +215,57 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
 # ---------------------------------------------------------------------------- machine limits
 
 
-def _echo_server(port_file: str) -> None:
-    """A trivial gRPC server: only the health service, default thread pool."""
-    from concurrent import futures
-
+def _echo_server(port_file: str, use_aio: bool = False) -> None:
+    """A trivial gRPC server: only the health service; a thread pool, or grpc.aio's event loop."""
     import grpc
     from grpc_health.v1 import health, health_pb2_grpc
+
+    def announce(port: int) -> None:
+        Path(port_file + ".tmp").write_text(str(port))
+        os.replace(port_file + ".tmp", port_file)
+
+    if use_aio:
+        import asyncio
+
+        async def serve() -> None:
+            server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            announce(port)
+            await server.wait_for_termination()
+
+        asyncio.run(serve())
+        return
+    from concurrent import futures
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    Path(port_file + ".tmp").write_text(str(port))
-    os.replace(port_file + ".tmp", port_file)
+    announce(port)
     server.wait_for_termination()
+
+
+def measure_echo(kind: str, work: Path, concurrency: int, processes: int, duration_s: float,
+                 samples: int) -> dict:
+    """Round trip, throughput and server CPU per call of a bare health server (``sync``/``aio``)."""
+    ctx = mp.get_context("spawn")
+    port_file = str(work / f".echo-{kind}.port")
+    echo = ctx.Process(target=_echo_server, args=(port_file, kind == "aio"), daemon=True)
+    echo.start()
+    try:
+        while not os.path.exists(port_file):
+            time.sleep(0.05)
+        target = f"127.0.0.1:{Path(port_file).read_text()}"
+        rtt = grpc_rtt(target, samples)
+        cpu0 = bl.cpu_seconds(echo.pid)
+        calls_per_s = grpc_echo_throughput(target, concurrency, processes, duration_s)
+        cpu_ms = (bl.cpu_seconds(echo.pid) - cpu0) * 1e3 / (calls_per_s * duration_s)
+    finally:
+        echo.terminate()
+        echo.join(timeout=10)
+    return {"rtt": rtt, "calls_per_s": calls_per_s, "server_cpu_ms_per_call": cpu_ms}
 
 
 def _echo_client(target: str, threads: int, t_begin: float, t_end: float,
@@ -358,6 +395,11 @@ def render(result: dict) -> str:
           lim["echo_rtt"]["p999"],
           f"{lim['echo_calls_per_s']:,.0f} calls/s at concurrency {lim['echo_concurrency']}; "
           f"server CPU {lim['echo_server_cpu_ms_per_call']:.3f} ms/call"],
+         ["bare grpc.aio health Check RTT", lim["aio_echo_rtt"]["p50"],
+          lim["aio_echo_rtt"]["p99"], lim["aio_echo_rtt"]["p999"],
+          f"{lim['aio_echo_calls_per_s']:,.0f} calls/s at concurrency "
+          f"{lim['echo_concurrency']}; server CPU "
+          f"{lim['aio_echo_server_cpu_ms_per_call']:.3f} ms/call"],
          ["daemon health Check RTT", lim["daemon_rtt"]["p50"], lim["daemon_rtt"]["p99"],
           lim["daemon_rtt"]["p999"], ""]]))
     rows = []
@@ -452,33 +494,28 @@ def main() -> int:
     print(f"bench_coordinator: {bl.machine_line(info)}", flush=True)
     args.profile_out = args.profile_out or str(work / "daemon-profile.json")
 
-    ctx = mp.get_context("spawn")
-    port_file = str(work / ".echo.port")
-    echo = ctx.Process(target=_echo_server, args=(port_file,), daemon=True)
-    echo.start()
     daemon = DaemonProcess(data_dir, [str(warehouse)], extra_args=[
         "--roll-forward-after", "1000000", "--txn-timeout", "600", "--log-level", "warning",
         *args.daemon_arg])
     result: dict = {"machine": info, "files": args.files, "closed_loop": [], "fixed_rate": []}
     try:
         daemon.start()
-        while not os.path.exists(port_file):
-            time.sleep(0.05)
-        echo_target = f"127.0.0.1:{Path(port_file).read_text()}"
         samples = 500 if args.quick else 2000
         print("measuring machine limits ...", flush=True)
+        echo_s = min(duration, 5.0)
+        echo = measure_echo("sync", work, max(levels), args.processes, echo_s, samples)
+        echo_aio = measure_echo("aio", work, max(levels), args.processes, echo_s, samples)
         limits = {
             "fsync": bl.fsync_latency(data_dir, samples),
-            "echo_rtt": grpc_rtt(echo_target, samples),
+            "echo_rtt": echo["rtt"],
             "daemon_rtt": grpc_rtt(daemon.target, samples),
             "echo_concurrency": max(levels),
+            "echo_calls_per_s": echo["calls_per_s"],
+            "echo_server_cpu_ms_per_call": echo["server_cpu_ms_per_call"],
+            "aio_echo_rtt": echo_aio["rtt"],
+            "aio_echo_calls_per_s": echo_aio["calls_per_s"],
+            "aio_echo_server_cpu_ms_per_call": echo_aio["server_cpu_ms_per_call"],
         }
-        echo_cpu0 = bl.cpu_seconds(echo.pid)
-        echo_s = min(duration, 5.0)
-        limits["echo_calls_per_s"] = grpc_echo_throughput(
-            echo_target, max(levels), args.processes, echo_s)
-        limits["echo_server_cpu_ms_per_call"] = (bl.cpu_seconds(echo.pid) - echo_cpu0) * 1e3 / (
-            limits["echo_calls_per_s"] * echo_s)
         result["limits"] = limits
         print(json.dumps({k: v for k, v in limits.items()}, default=str), flush=True)
         pid = daemon.process.pid
@@ -517,8 +554,6 @@ def main() -> int:
                       f"{_ms(lat, 'txn', 'p99'):.2f} ms", flush=True)
     finally:
         daemon.stop()
-        echo.terminate()
-        echo.join(timeout=10)
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     best = max(result["closed_loop"], key=lambda r: r["txn_per_s"])
@@ -534,6 +569,8 @@ def main() -> int:
         "fixed_rate_achieved": fixed["txn_per_s"],
         "fsync_p50_ms": result["limits"]["fsync"]["p50"],
         "echo_rtt_p50_ms": result["limits"]["echo_rtt"]["p50"],
+        "echo_calls_per_s": result["limits"]["echo_calls_per_s"],
+        "aio_echo_calls_per_s": result["limits"]["aio_echo_calls_per_s"],
     })
     body = render(result)
     bl.publish("bench_coordinator", info, body, result, args.json, not args.no_append)

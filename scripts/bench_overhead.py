@@ -3,8 +3,9 @@
 The same streaming job (``rate-micro-batch`` source, fixed rows per batch, 3 Delta tables
 written per batch, N batches) runs
 
-- (A) through percolake: ``Participant.wrap`` (Open, per table declare + executors write +
-  prewrite, Commit, per table delta-rs commit + ReportApplied);
+- (A) through percolake: ``Participant.wrap`` (Open declaring the tables, per table a schema
+  check + executors write, Commit carrying the write intents, per table a delta-rs commit, one
+  ReportApplied);
 - (B) as the baseline people use today: the same executors' file-writing path
   (``sparkside.writer.write_files``), then each table committed on its own with a Delta app
   transaction (``apply_table_write``), no coordinator, no atomicity across tables.
@@ -67,8 +68,10 @@ def _instrument() -> None:
     participant.apply_table_write = _timed("Delta commits (delta-rs)",
                                            participant.apply_table_write)
     delta_commit.apply_table_write = participant.apply_table_write
-    participant.BatchTransaction._check_schema = _timed(
-        "schema check (participant)", participant.BatchTransaction._check_schema)
+    from sparkside import schema_check
+
+    schema_check.SchemaChecker.check = _timed("schema check (participant)",
+                                              schema_check.SchemaChecker.check)
 
 
 def _tables(root: Path, run: str) -> list[str]:

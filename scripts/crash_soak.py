@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{trial}] {point}: {status} {report.batches_verified} batches, "
                       f"{report.snapshot_reads_checked} reads, {time.monotonic() - started:.0f} s",
                       flush=True)
+                if outcome.notes.get("events"):  # what was killed when (C11 among the kills)
+                    print("    " + "; ".join(outcome.notes["events"]), flush=True)
                 if report.violations:
                     row.failed_dirs.append(str(folder))
                     (folder / "violations.txt").write_text(outcome.summary())

@@ -1,10 +1,12 @@
 """The participant: one ``foreachBatch`` call becomes one percolake transaction.
 
-Per batch: register (once per Spark query id) → Open → the user's function writes each table
-through :class:`BatchTransaction` (declare, executors write files, prewrite) → Commit (the one
-durable decision) → each table's Delta commit with delta-rs and ReportApplied. A batch the
-coordinator already committed is not written again: only its missing secondaries are finished.
-After Commit nothing calls the JVM, so a stopping query cannot strand a secondary.
+Per batch: register (once per Spark query id) → Open, declaring the tables the previous batch
+wrote → the user's function writes each table through :class:`BatchTransaction` (a table not
+declared yet is declared first; executors write its files; the schema is checked before) →
+Commit carrying every write intent (prewrite and commit point in one durable write) → each
+table's Delta commit with delta-rs → one ReportApplied. Three round trips in the steady state.
+A batch the coordinator already committed is not written again: only its missing secondaries
+are finished. After Commit nothing calls the JVM, so a stopping query cannot strand a secondary.
 """
 
 from __future__ import annotations
@@ -19,12 +21,7 @@ from pyspark.sql import DataFrame
 
 from coordinator import codec
 from coordinator.cleanup import remove_attempt_files
-from coordinator.delta_commit import (
-    apply_table_write,
-    describe_schema_mismatch,
-    table_partition_columns,
-    table_schema_json,
-)
+from coordinator.delta_commit import apply_table_write
 from coordinator.failpoints import fail_point
 from coordinator.records import TableWriteRecord, WriteMode, delta_app_id
 from coordinator.warehouse import canonical_table_uri
@@ -34,9 +31,9 @@ from sparkside.errors import (
     BatchRefused,
     CommitOutcomeUnknown,
     CoordinatorUnavailable,
-    SchemaMismatch,
 )
 from sparkside.heartbeat import Heartbeat
+from sparkside.schema_check import SchemaChecker
 from sparkside.writer import delta_schema_json, write_files
 
 log = logging.getLogger("percolake.participant")
@@ -50,18 +47,23 @@ CHECKPOINT_RESET_POLICIES = ("refuse", "new_generation")
 class BatchTransaction:
     """What the user's function writes through: ``txn.write(df, table, mode, partition_by)``."""
 
-    def __init__(self, client: CoordinatorClient, txn: pb.Transaction,
-                 epoch: int | None) -> None:
+    def __init__(self, client: CoordinatorClient, opened: pb.OpenTransactionResponse,
+                 epoch: int | None, schemas: SchemaChecker) -> None:
         self._client = client
-        self.txn_id = txn.txn_id
-        self.batch_id = txn.batch_id
+        self.txn_id = opened.transaction.txn_id
+        self.batch_id = opened.transaction.batch_id
         self._epoch = epoch
+        self._schemas = schemas
         self.writes: dict[str, TableWriteRecord] = {}
-        self.locations: dict[str, str] = {}
+        # Every table this attempt may write (declared at Open or by write), with its folder.
+        self.locations: dict[str, str] = {loc.table: loc.write_location
+                                          for loc in opened.locations}
 
     def write(self, df: DataFrame, table: str, mode: str = "append",
               partition_by: list[str] | None = None) -> None:
         """Writes ``df`` to the Delta table at ``table`` as part of this batch's transaction.
+
+        The files are written now; their write intent reaches the coordinator with the commit.
 
         Args:
             df: the rows; Spark's executors write them once, in parallel.
@@ -77,17 +79,14 @@ class BatchTransaction:
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
-        request = pb.DeclareTablesRequest(txn_id=self.txn_id, tables=[table])
-        if self._epoch is not None:
-            request.epoch = self._epoch
         canonical = canonical_table_uri(table)
         if canonical in self.writes:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
-        reply = self._client.call("DeclareTables", request)
-        location = {loc.table: loc.write_location for loc in reply.locations}[canonical]
-        self.locations[canonical] = location
-        partitions = self._check_schema(df, canonical, list(partition_by or []), mode)
+        location = self.locations.get(canonical) or self._declare(table, canonical)
+        schema_json = delta_schema_json(df)
+        partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
+                                         mode, self.batch_id)
         adds = write_files(df, canonical, location, partitions)
         fail_point("mid-prewrite")
         replace = ()
@@ -95,30 +94,17 @@ class BatchTransaction:
             distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
                         for a in adds}
             replace = tuple(dict(values) for values in sorted(distinct, key=str))
-        write = TableWriteRecord(canonical, MODES[mode], tuple(adds),
-                                 delta_schema_json(df), tuple(partitions), replace)
-        prewrite = pb.PrewriteRequest(txn_id=self.txn_id, writes=[codec.table_write_to_pb(write)])
-        if self._epoch is not None:
-            prewrite.epoch = self._epoch
-        self._client.call("Prewrite", prewrite)
-        self.writes[canonical] = write
+        self.writes[canonical] = TableWriteRecord(canonical, MODES[mode], tuple(adds),
+                                                  schema_json, tuple(partitions), replace)
 
-    def _check_schema(self, df: DataFrame, table: str, partition_by: list[str],
-                      mode: str) -> list[str]:
-        existing = table_schema_json(table)
-        if existing is None:
-            if mode == "overwrite_partitions" and not partition_by:
-                raise ValueError(f"overwrite_partitions of new table {table} needs partition_by")
-            return partition_by
-        current = table_partition_columns(table) or []
-        problem = describe_schema_mismatch(existing, delta_schema_json(df), partition_by,
-                                           current)
-        if problem:
-            raise SchemaMismatch(f"batch {self.batch_id} does not fit table {table}: {problem}. "
-                                 "Nothing was written.")
-        if mode == "overwrite_partitions" and not current:
-            raise ValueError(f"overwrite_partitions needs a partitioned table; {table} is not")
-        return current
+    def _declare(self, table: str, canonical: str) -> str:
+        """Durably tells the coordinator this attempt may write ``table``, before any file."""
+        request = pb.DeclareTablesRequest(txn_id=self.txn_id, tables=[table])
+        if self._epoch is not None:
+            request.epoch = self._epoch
+        reply = self._client.call("DeclareTables", request)
+        self.locations.update({loc.table: loc.write_location for loc in reply.locations})
+        return self.locations[canonical]
 
 
 class Participant:
@@ -153,6 +139,10 @@ class Participant:
         self._query_id: str | None = None
         self.epoch: int | None = None
         self.generation: int | None = None
+        self._schemas = SchemaChecker()
+        # The tables the last committed batch wrote: declared at the next Open, in the same
+        # durable write, since a streaming job nearly always writes the same tables.
+        self._expected_tables: list[str] = []
 
     def wrap(self, fn: UserFunction) -> Callable[[DataFrame, int], None]:
         """The function to hand to ``writeStream.foreachBatch``."""
@@ -172,6 +162,7 @@ class Participant:
             request.timeout_ms = int(self.txn_timeout_s * 1000)
         if query_id:
             request.query_id = query_id
+        request.tables.extend(self._expected_tables)
         opened = self.client.call("OpenTransaction", request)
         txn = opened.transaction
         if opened.already_committed:
@@ -180,7 +171,7 @@ class Participant:
             self.finish_secondaries(txn.txn_id)
             return
         fail_point("after-open")
-        handle = BatchTransaction(self.client, txn, self.epoch)
+        handle = BatchTransaction(self.client, opened, self.epoch, self._schemas)
         try:
             with Heartbeat(self.client, txn.txn_id, self.epoch, self.heartbeat_s):
                 fn(batch_df, batch_id, handle)
@@ -190,6 +181,7 @@ class Participant:
             self._abort(handle, exc)
             raise
         fail_point("after-commit-reply")
+        self._expected_tables = list(handle.writes)
         self._apply(committed, handle.writes)
 
     def finish_secondaries(self, txn_id: str) -> None:
@@ -225,8 +217,12 @@ class Participant:
                  self.epoch, self.generation)
 
     def _commit(self, handle: BatchTransaction) -> pb.Transaction:
-        request = pb.CommitTransactionRequest(txn_id=handle.txn_id, epoch=self.epoch,
-                                              tables=list(handle.writes))
+        """Prewrite and commit in one call: the write intents ride on the commit request, and
+        tables declared at Open that this batch did not write are released."""
+        request = pb.CommitTransactionRequest(
+            txn_id=handle.txn_id, epoch=self.epoch, tables=list(handle.writes),
+            writes=[codec.table_write_to_pb(w) for w in handle.writes.values()],
+            release_unwritten=True)
         try:
             return self.client.call("CommitTransaction", request).transaction
         except CoordinatorUnavailable as exc:
@@ -256,19 +252,24 @@ class Participant:
                 log.warning("could not delete %s: %s", location, exc)
 
     def _apply(self, txn: pb.Transaction, writes: dict[str, TableWriteRecord]) -> None:
-        """Secondaries: each table's Delta commit (delta-rs only), then ReportApplied."""
+        """Secondaries: each table's Delta commit (delta-rs only), then one ReportApplied."""
         app_id = delta_app_id(txn.pipeline_id, txn.generation)
-        for table, write in writes.items():
-            try:
+        applied: list[pb.AppliedTable] = []
+        try:
+            for table, write in writes.items():
                 version = apply_table_write(write, app_id=app_id, app_version=txn.batch_id,
                                             txn_id=txn.txn_id, commit_ts=txn.commit_ts)
-                request = pb.ReportAppliedRequest(
-                    txn_id=txn.txn_id, epoch=self.epoch,
-                    tables=[pb.AppliedTable(table=table, delta_version=version)])
-                self.client.call("ReportApplied", request)
-            except Exception as exc:  # committed: the coordinator rolls it forward (I4)
-                log.warning("secondary of %s on %s not finished (%s); the coordinator will "
-                            "roll it forward", txn.txn_id, table, exc)
+                applied.append(pb.AppliedTable(table=table, delta_version=version))
+                fail_point("after-secondary")
+        except Exception as exc:  # committed: the coordinator rolls the rest forward (I4)
+            log.warning("secondaries of %s not finished (%s); the coordinator will roll them "
+                        "forward", txn.txn_id, exc)
+        if applied:
+            try:
+                self.client.call("ReportApplied", pb.ReportAppliedRequest(
+                    txn_id=txn.txn_id, epoch=self.epoch, tables=applied))
+            except Exception as exc:  # the roll-forward finds them applied and reports them
+                log.warning("could not report the secondaries of %s (%s)", txn.txn_id, exc)
                 return
-            fail_point("after-secondary")
-        fail_point("after-all-secondaries")
+        if len(applied) == len(writes):
+            fail_point("after-all-secondaries")

@@ -223,6 +223,31 @@ def test_commit_needs_every_named_and_declared_table_prewritten(env):
     assert core.get_transaction(txn.txn_id).state == TxnState.PREWRITTEN
 
 
+def test_release_unwritten_drops_declared_tables_frees_them_and_deletes_their_folders(env):
+    core, _, delta, removed, tmp = env
+    a, b = table(tmp, "a"), table(tmp, "b")
+    txn, _ = core.open_transaction("p", 0, tables=[a, b])
+    b_folder = txn.tables[b].write_location
+    done = core.commit(txn.txn_id, None, [a], [write(txn.txn_id, a)], release_unwritten=True)
+    assert done.state == TxnState.COMMITTED and list(done.tables) == [a]
+    assert removed == [b_folder]
+    assert list(core.store.get_txn(txn.txn_id).tables) == [a]  # durable, not only in memory
+    other, _ = core.open_transaction("q", 0, tables=[b])  # b is free at once
+    assert list(other.tables) == [b]
+    core.report_applied(txn.txn_id, None, {a: 0})
+    assert core.get_transaction(txn.txn_id).state == TxnState.APPLIED
+    assert delta.order == []
+
+
+def test_release_unwritten_still_refuses_a_named_table_without_a_write(env):
+    core, _, _, removed, tmp = env
+    a, b = table(tmp, "a"), table(tmp, "b")
+    txn, _ = core.open_transaction("p", 0, tables=[a, b])
+    with pytest.raises(FailedPrecondition, match="no prewrite"):
+        core.commit(txn.txn_id, None, [a, b], [write(txn.txn_id, a)], release_unwritten=True)
+    assert core.get_transaction(txn.txn_id).state == TxnState.PREWRITTEN and removed == []
+
+
 def test_commit_with_writes_is_one_round_trip_and_retries_cleanly(env):
     core, *_ , tmp = env
     txn, _ = core.open_transaction("p", 0)

@@ -260,16 +260,18 @@ class PrewriteResponse(_message.Message):
     def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
 
 class CommitTransactionRequest(_message.Message):
-    __slots__ = ("txn_id", "epoch", "tables", "writes")
+    __slots__ = ("txn_id", "epoch", "tables", "writes", "release_unwritten")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     WRITES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_UNWRITTEN_FIELD_NUMBER: _ClassVar[int]
     txn_id: str
     epoch: int
     tables: _containers.RepeatedScalarFieldContainer[str]
     writes: _containers.RepeatedCompositeFieldContainer[TableWrite]
-    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[_Union[TableWrite, _Mapping]]] = ...) -> None: ...
+    release_unwritten: bool
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[_Union[TableWrite, _Mapping]]] = ..., release_unwritten: _Optional[bool] = ...) -> None: ...
 
 class CommitTransactionResponse(_message.Message):
     __slots__ = ("transaction",)

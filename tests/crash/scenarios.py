@@ -136,13 +136,14 @@ def zombie_driver(root: Path, batches: int = 3, k: int = 3) -> Outcome:
         # The failpoint only widens the window between prewrite and commit so the harness can
         # freeze A inside it; the freeze, not the sleep, keeps A away until B is done.
         zombie = sc.start_driver("after-prewrite=2*sleep(10)")
-        prewritten = wait_for(lambda: [t for t in _txns(sc, batch_id=1)
-                                       if state_name(t.state) == "PREWRITTEN"
-                                       and len(t.participants) == len(sc.tables())
-                                       and all(p.prewritten for p in t.participants)], 120,
-                              "the zombie's prewrite of batch 1 (every table)", interval_s=0.05)
+        wait_for(lambda: "failpoint after-prewrite" in zombie.log(), 120,
+                 "the zombie's files of batch 1 (every table)", interval_s=0.05)
         zombie.pause()
-        zombie_txn = prewritten[0].txn_id
+        written = [t for t in _txns(sc, batch_id=1) if state_name(t.state) == "OPEN"
+                   and len(t.participants) == len(sc.tables())]
+        if len(written) != 1:
+            raise AssertionError(f"batch 1 of the zombie is not one open attempt: {written}")
+        zombie_txn = written[0].txn_id
         with sc.client() as client:
             epoch_a = client.pipeline(sc.pipeline).epoch
         successor = sc.start_driver()
@@ -376,35 +377,98 @@ def coordinator_sigkill_under_load(root: Path, rng: random.Random | None = None,
         sc.close()
 
 
-def _driver_point(point: str, failpoint: str, per_batch: int = 1,
-                  choices: int = 1) -> Callable[..., Outcome]:
-    """A driver crash point hit ``per_batch`` times a batch; the crash takes one of the first
-    ``choices`` hits of batch 1, or with an rng of a random batch."""
+# Driver crash points: (failpoint, hits per batch, which of the first hits of a batch may die).
+DRIVER_POINTS: dict[str, tuple[str, int, int]] = {
+    "C1": ("after-open", 1, 1),
+    "C2": ("mid-prewrite", 3, 3),
+    "C3": ("after-prewrite", 1, 1),
+    "C6": ("after-commit-reply", 1, 1),
+    "C7": ("after-secondary", 3, 2),
+    "C8": ("after-all-secondaries", 1, 1),
+}
+
+
+def _driver_failpoint(point: str, batch: int, rng: random.Random | None) -> str:
+    """The failpoint spec that kills the driver at ``point`` in ``batch``."""
+    failpoint, per_batch, choices = DRIVER_POINTS[point]
+    nth = batch * per_batch + (rng.randrange(choices) if rng else 0) + 1
+    return f"{failpoint}={nth}*exit"
+
+
+def _driver_point(point: str) -> Callable[..., Outcome]:
+    """A driver crash in batch 1, or with an rng in a random batch at a random hit."""
 
     def run(root: Path, rng: random.Random | None = None) -> Outcome:
         batch = rng.randrange(3) if rng else 1
-        nth = batch * per_batch + (rng.randrange(choices) if rng else 0) + 1
-        return driver_crash(root, point, f"{failpoint}={nth}*exit", crash_batch=batch,
-                            batches=max(3, batch + 2))
+        return driver_crash(root, point, _driver_failpoint(point, batch, rng),
+                            crash_batch=batch, batches=max(3, batch + 2))
 
     return run
 
 
+def checkpoint_reset_among_kills(root: Path, rng: random.Random, k: int = 3) -> Outcome:
+    """C11 in the soak: kills of the driver (at random crash points) and of the coordinator
+    (SIGKILL), with the checkpoint deleted and the pipeline reset at a random moment among
+    them. Every batch generation 0 committed, and every batch of generation 1, must be in every
+    table exactly once; generation 0's committed batches must have no gap."""
+    sc = Scenario(root, k=k)
+    events: list[str] = []
+    try:
+        sc.start_coordinator()
+        sc.add_input(rng.randint(3, 5))
+        sc.start_reader()
+
+        def kills(count: int) -> None:
+            for n in range(count):
+                if n and rng.random() < 0.3:
+                    sc.restart_coordinator()
+                    events.append("coordinator SIGKILL")
+                    continue
+                point = rng.choice(sorted(DRIVER_POINTS))
+                spec = _driver_failpoint(point, rng.randrange(sc.inputs), rng)
+                run = sc.run_driver(spec, expect=None)
+                events.append(f"driver {point} {spec} -> exit {run.returncode}")
+                if run.returncode not in (0, FAILPOINT_EXIT):
+                    raise AssertionError(f"driver with {spec} exited {run.returncode}:\n"
+                                         f"{run.log_tail()}")
+
+        kills(rng.randint(1, 3))  # the first is a driver: the checkpoint and binding exist
+        sc.delete_checkpoint()
+        refused = sc.run_driver(expect=None)
+        events.append(f"checkpoint deleted; driver exit {refused.returncode}")
+        report = Report()
+        if refused.returncode != QUERY_FAILED or "reset-pipeline" not in refused.log():
+            report.add("I9", f"C11: a query on a fresh checkpoint was not refused naming the "
+                       f"reset (exit {refused.returncode}):\n{refused.log_tail(15)}")
+        reset = sc.reset_pipeline(0)
+        events.append(f"reset -> generation {reset['generation']}")
+        kills(rng.randint(0, 2))
+        sc.run_driver()
+        with sc.client() as client:
+            gen0 = sorted(t.batch_id for t in client.list_transactions(sc.pipeline)
+                          if t.generation == 0 and t.state in COMMITTED_STATES)
+        if gen0 != list(range(len(gen0))):
+            report.add("I2", f"C11: generation 0 committed batches {gen0}: a gap")
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        report.merge(sc.check({(sc.pipeline, 0): gen0, (sc.pipeline, 1): range(sc.inputs)}))
+        return Outcome("C11", report, {"events": events, "generation_0_batches": gen0})
+    finally:
+        sc.close()
+
+
 CRASH_POINTS: dict[str, Callable[..., Outcome]] = {
-    "C1": _driver_point("C1", "after-open"),
-    "C2": _driver_point("C2", "mid-prewrite", per_batch=3, choices=3),
-    "C3": _driver_point("C3", "after-prewrite"),
+    **{point: _driver_point(point) for point in ("C1", "C2", "C3")},
     "C4": lambda root, rng=None: coordinator_crash(root, "C4", "before-commit-durable"),
     "C5": lambda root, rng=None: coordinator_crash(root, "C5",
                                                    "after-commit-durable-before-reply"),
-    "C6": _driver_point("C6", "after-commit-reply"),
-    "C7": _driver_point("C7", "after-secondary", per_batch=3, choices=2),
-    "C8": _driver_point("C8", "after-all-secondaries"),
+    **{point: _driver_point(point) for point in ("C6", "C7", "C8")},
     "C9": lambda root, rng=None: coordinator_sigkill_under_load(
         root, rng, **({"pipelines": rng.randint(2, 4), "batches": rng.randint(5, 10),
                        "kills": rng.randint(3, 8)} if rng else {})),
     "C10": lambda root, rng=None: zombie_driver(root),
-    "C11": lambda root, rng=None: checkpoint_reset(root),
+    "C11": lambda root, rng=None: (checkpoint_reset_among_kills(root, rng) if rng
+                                   else checkpoint_reset(root)),
     "C10-light": zombie_light,
 }
 SPARK_FREE = ("C9", "C10-light")

@@ -109,3 +109,31 @@ def test_heartbeats_keep_a_batch_longer_than_the_timeout_alive(spark, lake_daemo
     assert time.monotonic() - started > 3.0
     (committed,) = committed_batches(lake_daemon.stub, participant.pipeline_id).values()
     assert committed.attempt == 1 and DeltaTable(table).to_pyarrow_table().num_rows == 1
+
+
+def test_a_table_declared_at_open_but_not_written_is_released_at_commit(
+        spark, lake_daemon, lake):
+    """Batch 1 declares both tables of batch 0 at Open; its function catches a schema refusal
+    for one of them and writes the other: the commit holds only the written table, and the
+    other one is free again with no folder of batch 1 left in it."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"release-{lake.name}")
+    people, other = str(lake / "people"), str(lake / "other")
+
+    def batch0(df, batch_id, txn):  # noqa: ANN001, ANN202
+        txn.write(frame(spark, [1]), people)
+        txn.write(frame(spark, [1]), other)
+
+    def batch1(df, batch_id, txn):  # noqa: ANN001, ANN202
+        with pytest.raises(SchemaMismatch):
+            txn.write(spark.createDataFrame([(1.5,)], "score double"), people)
+        txn.write(frame(spark, [2]), other)
+
+    participant.run_batch(spark.range(1), 0, batch0)
+    participant.run_batch(spark.range(1), 1, batch1)
+    committed = committed_batches(lake_daemon.stub, participant.pipeline_id)[1]
+    assert [p.table for p in committed.participants] == [f"file://{other}"]
+    assert not (lake / "people" / "_percolake" / committed.txn_id).exists()
+    assert DeltaTable(people).version() == 0 and DeltaTable(other).version() == 1
+    third = Participant(lake_daemon.target, pipeline_id=f"release-next-{lake.name}")
+    third.run_batch(spark.range(1), 0, lambda df, b, txn: txn.write(frame(spark, [3]), people))
+    assert sorted(r["id"] for r in DeltaTable(people).to_pyarrow_table().to_pylist()) == [1, 3]
