@@ -276,6 +276,13 @@ class TransactionCoordinator:
                 epoch=pipeline.epoch if epoch is not None else 0, query_id=query_id or "",
                 state=TxnState.OPEN, start_ts=start_ts, created_ms=now, updated_ms=now,
             )
+            # Free tables are declared in the attempt's first durable write; held ones go
+            # through _declare below (roll-forward, expiry or a bounded wait).
+            leaving = {old.txn_id for old in superseded}
+            for table in canonical:
+                holder = self._holders.get(table, "")
+                if holder in leaving or self._unfinished.get(holder) is None:
+                    txn.tables[table] = TableEntry(table, write_location(table, txn.txn_id))
             with self.store.batch():
                 if current is None or pipeline.query_id != current.query_id:
                     self._persist_pipeline(pipeline, current)
@@ -289,7 +296,7 @@ class TransactionCoordinator:
             self._changed.notify_all()
         self._clean_up(superseded)
         fail_point("after-open")
-        if canonical:
+        if len(txn.tables) < len(canonical):
             self._declare(txn.txn_id, epoch, canonical)
             txn = self.get_transaction(txn.txn_id)
         return self._fresh(txn), False
@@ -361,19 +368,36 @@ class TransactionCoordinator:
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
         named = self._resolve_tables(tables)
+        checked: list[TableWriteRecord] = []
         if writes:
-            self.prewrite(txn_id, epoch, writes)
+            checked = self._check_writes(txn_id, writes)
+            with self._lock:
+                txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
+                undeclared = any(w.table not in txn.tables for w in checked)
+            if undeclared:  # a full prewrite first: it takes the missing holds, maybe waiting
+                self.prewrite(txn_id, epoch, writes)
+                checked = []
         released: list[TableEntry] = []
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
             if txn.state in COMMITTED_STATES:
+                if any(txn.tables.get(w.table) is None or txn.tables[w.table].write != w
+                       for w in checked):
+                    raise FailedPrecondition(f"transaction {txn_id} is already committed")
                 return self._fresh(txn)  # idempotent: a retried commit answers the same
+            if checked:  # the intents join the commit's own durable write
+                txn = self._with_writes(txn, checked)
+                check_transition(txn.state, TxnState.PREWRITTEN)
+                txn.state = TxnState.PREWRITTEN
             missing = [t for t in named if t not in txn.tables or not txn.tables[t].prewritten]
             unwritten = [t for t, e in txn.tables.items() if not e.prewritten]
             if release_unwritten and not missing:
                 released = [txn.tables[t] for t in unwritten]
                 unwritten = []
             if missing or unwritten:
+                if checked:  # the intents stay recorded, as a separate Prewrite would leave them
+                    self.store.update_txn(txn)
+                    self._track(txn)
                 raise FailedPrecondition(
                     f"transaction {txn_id} cannot commit: no prewrite for "
                     f"{', '.join(sorted(set(missing) | set(unwritten)))}; prewrite or abort it"

@@ -12,7 +12,6 @@ import datetime
 import decimal
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -219,20 +218,6 @@ def table_layout(table_uri: str) -> tuple[str, list[str]] | None:
     if table is None:
         return None
     return table.schema().to_json(), list(table.metadata().partition_columns)
-
-
-def newest_log_entry(table_uri: str) -> str | None:
-    """The name of the newest commit file in the table's ``_delta_log``, None if there is none.
-
-    One directory listing: far cheaper than loading the table, and it changes with every commit.
-    """
-    try:
-        with os.scandir(Path(local_path(table_uri)) / "_delta_log") as entries:
-            commits = [e.name for e in entries if e.name.endswith(".json")
-                       and e.name[:-5].isdigit()]
-    except FileNotFoundError:
-        return None
-    return max(commits, default=None)
 
 
 def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str],

@@ -9,6 +9,8 @@ import) or enabled with :func:`enable`. The variable holds ``name=action`` pairs
 - ``raise``: raise :class:`FailpointError`.
 - ``sleep(S)``: sleep S seconds, then go on.
 - ``N*action``: only the N-th time the point is reached (1-based); earlier hits pass.
+- ``action@B``: only hits in micro-batch B count (points that know their batch pass it), so
+  ``mid-prewrite=2*exit@3`` dies after the second table's files of batch 3, replays included.
 
 When no failpoint is active, :func:`fail_point` costs one truth test of an empty dict.
 """
@@ -23,7 +25,7 @@ import threading
 import time
 
 ENV_VAR = "PERCOLAKE_FAILPOINTS"
-_ACTION = re.compile(r"^(?:(\d+)\*)?(exit|kill|raise|sleep\((\d+(?:\.\d+)?)\))$")
+_ACTION = re.compile(r"^(?:(\d+)\*)?(exit|kill|raise|sleep\((\d+(?:\.\d+)?)\))(?:@(\d+))?$")
 
 
 class FailpointError(RuntimeError):
@@ -34,10 +36,12 @@ class _Failpoint:
     def __init__(self, spec: str) -> None:
         match = _ACTION.match(spec.strip())
         if not match:
-            raise ValueError(f"bad failpoint action {spec!r}: use exit, kill, raise or sleep(S)")
+            raise ValueError(f"bad failpoint action {spec!r}: use [N*]exit|kill|raise|sleep(S)"
+                             "[@batch]")
         self.nth = int(match.group(1)) if match.group(1) else 0
         self.action = match.group(2).split("(")[0]
         self.seconds = float(match.group(3) or 0)
+        self.batch = int(match.group(4)) if match.group(4) else None
         self.hits = 0
 
 
@@ -60,12 +64,13 @@ def disable(name: str | None = None) -> None:
             _active.pop(name, None)
 
 
-def fail_point(name: str) -> None:
-    """Marks a protocol step; does what the failpoint ``name`` says when it is on."""
+def fail_point(name: str, batch: int | None = None) -> None:
+    """Marks a protocol step (of micro-batch ``batch`` if known); does what the failpoint
+    ``name`` says when it is on."""
     if not _active:
         return
     point = _active.get(name)
-    if point is None:
+    if point is None or point.batch is not None and point.batch != batch:
         return
     with _lock:
         point.hits += 1

@@ -31,6 +31,7 @@ from sparkside.errors import (
     BatchRefused,
     CommitOutcomeUnknown,
     CoordinatorUnavailable,
+    WriteConflict,
 )
 from sparkside.heartbeat import Heartbeat
 from sparkside.schema_check import SchemaChecker
@@ -88,7 +89,7 @@ class BatchTransaction:
         partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
                                          mode, self.batch_id)
         adds = write_files(df, canonical, location, partitions)
-        fail_point("mid-prewrite")
+        fail_point("mid-prewrite", self.batch_id)
         replace = ()
         if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
             distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
@@ -162,25 +163,24 @@ class Participant:
             request.timeout_ms = int(self.txn_timeout_s * 1000)
         if query_id:
             request.query_id = query_id
-        request.tables.extend(self._expected_tables)
-        opened = self.client.call("OpenTransaction", request)
+        opened = self._open(request)
         txn = opened.transaction
         if opened.already_committed:
             log.info("batch %s of %s already committed (%s); finishing secondaries only",
                      batch_id, self.pipeline_id, txn.txn_id)
             self.finish_secondaries(txn.txn_id)
             return
-        fail_point("after-open")
+        fail_point("after-open", batch_id)
         handle = BatchTransaction(self.client, opened, self.epoch, self._schemas)
         try:
             with Heartbeat(self.client, txn.txn_id, self.epoch, self.heartbeat_s):
                 fn(batch_df, batch_id, handle)
-                fail_point("after-prewrite")
+                fail_point("after-prewrite", batch_id)
                 committed = self._commit(handle)
         except BaseException as exc:
             self._abort(handle, exc)
             raise
-        fail_point("after-commit-reply")
+        fail_point("after-commit-reply", batch_id)
         self._expected_tables = list(handle.writes)
         self._apply(committed, handle.writes)
 
@@ -215,6 +215,21 @@ class Participant:
         self.epoch, self.generation, self._query_id = reply.epoch, reply.generation, query_id
         log.info("pipeline %s registered: epoch %s, generation %s", self.pipeline_id,
                  self.epoch, self.generation)
+
+    def _open(self, request: pb.OpenTransactionRequest) -> pb.OpenTransactionResponse:
+        """Opens the attempt declaring the expected tables; if one of them is held elsewhere,
+        opens again declaring none (this batch may not write it: its write() will wait)."""
+        if not self._expected_tables:
+            return self.client.call("OpenTransaction", request)
+        declaring = pb.OpenTransactionRequest()
+        declaring.CopyFrom(request)
+        declaring.tables.extend(self._expected_tables)
+        try:
+            return self.client.call("OpenTransaction", declaring)
+        except WriteConflict as conflict:
+            log.info("batch %s: an expected table is held (%s); opening without declaring",
+                     request.batch_id, conflict)
+            return self.client.call("OpenTransaction", request)  # supersedes the first attempt
 
     def _commit(self, handle: BatchTransaction) -> pb.Transaction:
         """Prewrite and commit in one call: the write intents ride on the commit request, and
@@ -260,7 +275,7 @@ class Participant:
                 version = apply_table_write(write, app_id=app_id, app_version=txn.batch_id,
                                             txn_id=txn.txn_id, commit_ts=txn.commit_ts)
                 applied.append(pb.AppliedTable(table=table, delta_version=version))
-                fail_point("after-secondary")
+                fail_point("after-secondary", txn.batch_id)
         except Exception as exc:  # committed: the coordinator rolls the rest forward (I4)
             log.warning("secondaries of %s not finished (%s); the coordinator will roll them "
                         "forward", txn.txn_id, exc)
@@ -272,4 +287,4 @@ class Participant:
                 log.warning("could not report the secondaries of %s (%s)", txn.txn_id, exc)
                 return
         if len(applied) == len(writes):
-            fail_point("after-all-secondaries")
+            fail_point("after-all-secondaries", txn.batch_id)

@@ -2,13 +2,17 @@
 
 Loading a table's log with delta-rs costs tens of milliseconds, once per table per batch, while
 a table's schema almost never changes. Each table's schema and partition columns are kept with
-the name of the newest commit file they were read at; a directory listing tells whether the
-table moved since, and only then is the log loaded again.
+the newest commit file they are known to hold at. A directory listing shows the commits made
+since (the previous batch's own, usually); only if one of them carries a ``metaData`` action
+(a schema or partitioning change), or cannot be read, is the log loaded again.
 """
 
 from __future__ import annotations
 
-from coordinator.delta_commit import describe_schema_mismatch, newest_log_entry, table_layout
+from pathlib import Path
+
+from coordinator.delta_commit import describe_schema_mismatch, table_layout
+from coordinator.warehouse import local_path
 from sparkside.errors import SchemaMismatch
 
 Layout = tuple[str, list[str]]
@@ -22,13 +26,18 @@ class SchemaChecker:
 
     def layout(self, table: str) -> Layout | None:
         """The table's current (schema JSON, partition columns), None if it does not exist."""
-        newest = newest_log_entry(table)
-        if newest is None:
+        log_dir = Path(local_path(table)) / "_delta_log"
+        commits = _commit_files(log_dir)
+        if not commits:
             self._layouts.pop(table, None)
             return None
+        newest = commits[-1]
         cached = self._layouts.get(table)
-        if cached is not None and cached[0] == newest:
-            return cached[1]
+        if cached is not None and cached[0] in commits:
+            since = commits[commits.index(cached[0]) + 1:]
+            if not any(_changes_metadata(log_dir / name) for name in since):
+                self._layouts[table] = (newest, cached[1])
+                return cached[1]
         layout = table_layout(table)
         if layout is not None:
             self._layouts[table] = (newest, layout)
@@ -55,3 +64,21 @@ class SchemaChecker:
         if mode == "overwrite_partitions" and not current:
             raise ValueError(f"overwrite_partitions needs a partitioned table; {table} is not")
         return current
+
+
+def _commit_files(log_dir: Path) -> list[str]:
+    """The table's commit file names (``<20 digits>.json``), oldest first; [] if none."""
+    try:
+        names = [p.name for p in log_dir.iterdir()]
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+
+def _changes_metadata(commit_file: Path) -> bool:
+    """Whether a commit may change the layout (a ``metaData`` action, or unreadable)."""
+    try:
+        text = commit_file.read_text()
+    except OSError:
+        return True
+    return '"metaData"' in text

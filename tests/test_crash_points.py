@@ -120,29 +120,20 @@ def test_checker_flags_duplicates_aborted_files_losses_and_torn_reads(tmp_path):
 
 
 @spark_test
-@pytest.mark.parametrize("point", ["C1", "C2", "C3"])
-def test_driver_dies_before_commit_batch_lands_exactly_once_nothing_aborted_visible(
-        tmp_path, point):
-    """C1 after Open, C2 mid-prewrite, C3 after every prewrite: the attempt is aborted and its
-    files deleted (I3), the replay writes the batch exactly once (I2), readers never saw a
-    partial batch (I1)."""
-    outcome = scenarios.CRASH_POINTS[point](tmp_path)
+@pytest.mark.timeout(900)  # seven drivers, one after another
+def test_driver_dies_at_c1_c2_c3_c6_c7_c8_each_batch_lands_exactly_once(tmp_path):
+    """One driver after another dies at C1 after Open, C2 mid-prewrite (after the second
+    table's files), C3 after every table's files, C6 after the commit reply, C7 after one
+    secondary, C8 after all of them, each in its own batch. Before the commit point the attempt
+    is aborted, its files deleted (I3) and the replay writes the batch again; after it the batch
+    is applied to every table (I4) and the replay does not run the user's function again. Every
+    batch is in every table exactly once (I2), readers never saw a partial batch (I1)."""
+    points = ["C1", "C2", "C3", "C6", "C7", "C8"]
+    outcome = scenarios.driver_crash_chain(tmp_path, points)
     _assert_clean(outcome)
-    assert not any(s in ("COMMITTED", "APPLIED") for s in outcome.notes["states_after_crash"])
-    assert 1 in outcome.notes["user_fn_recovery_run"], outcome.notes
-
-
-@spark_test
-@pytest.mark.parametrize("point", ["C6", "C7", "C8"])
-def test_driver_dies_after_commit_batch_applied_without_rerunning_user_function(
-        tmp_path, point):
-    """C6 after the commit reply, C7 after some secondaries, C8 after all of them: the commit is
-    applied to every table (I4) exactly once (I2) and the replay does not call the user's
-    function again for the committed batch."""
-    outcome = scenarios.CRASH_POINTS[point](tmp_path)
-    _assert_clean(outcome)
-    assert any(s in ("COMMITTED", "APPLIED") for s in outcome.notes["states_after_crash"])
-    assert 1 not in outcome.notes["user_fn_recovery_run"], outcome.notes
+    committed = {c["point"]: c["committed_before_replay"] for c in outcome.notes["crashes"]}
+    assert committed == {"C1": False, "C2": False, "C3": False,
+                         "C6": True, "C7": True, "C8": True}, outcome.notes
 
 
 # ---------------------------------------------------------------- coordinator crashes

@@ -406,6 +406,45 @@ def _driver_point(point: str) -> Callable[..., Outcome]:
     return run
 
 
+def driver_crash_chain(root: Path, points: list[str], k: int = 3) -> Outcome:
+    """Driver crash points one after another on one pipeline (the fast mode's C1-C3, C6-C8):
+    the driver started after the crash in batch ``n - 1`` replays that batch and dies at
+    ``points[n]`` in batch ``n``; a last driver finishes every batch. Per point the notes hold
+    the crashed batch's states right after the crash and whether the next driver ran the
+    user's function for it again, which it must not do for a committed batch (I2)."""
+    sc = Scenario(root, k=k)
+    try:
+        sc.start_coordinator()
+        sc.add_input(len(points) + 1)
+        sc.start_reader()
+        report = Report()
+        crashes: list[dict[str, Any]] = []
+        for batch, point in enumerate(points):
+            failpoint, per_batch, _ = DRIVER_POINTS[point]
+            spec = f"{failpoint}={min(2, per_batch)}*exit@{batch}"
+            run = _expect_crash(sc, spec, failpoint)
+            if crashes:
+                crashes[-1]["next_run_user_fn"] = run.user_fn_batches()
+            crashes.append({"point": point, "batch": batch, "failpoints": spec,
+                            "states_after_crash": _batch_state(sc, batch)})
+        recovery = sc.run_driver()
+        crashes[-1]["next_run_user_fn"] = recovery.user_fn_batches()
+        for crash in crashes:
+            committed = any(s in ("COMMITTED", "APPLIED") for s in crash["states_after_crash"])
+            crash["committed_before_replay"] = committed
+            if committed == (crash["batch"] in crash["next_run_user_fn"]):
+                report.add("I2", f"{crash['point']}: batch {crash['batch']} "
+                           f"{'committed' if committed else 'not committed'} before the crash, "
+                           f"but the next driver ran the user's function for "
+                           f"{crash['next_run_user_fn']}")
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        report.merge(sc.check())
+        return Outcome("+".join(points), report, {"crashes": crashes})
+    finally:
+        sc.close()
+
+
 def checkpoint_reset_among_kills(root: Path, rng: random.Random, k: int = 3) -> Outcome:
     """C11 in the soak: kills of the driver (at random crash points) and of the coordinator
     (SIGKILL), with the checkpoint deleted and the pipeline reset at a random moment among

@@ -9,6 +9,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
+from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant, SchemaMismatch, TableNotWritten
 from tests.spark.helpers import committed_batches, transactions
 
@@ -137,3 +138,29 @@ def test_a_table_declared_at_open_but_not_written_is_released_at_commit(
     third = Participant(lake_daemon.target, pipeline_id=f"release-next-{lake.name}")
     third.run_batch(spark.range(1), 0, lambda df, b, txn: txn.write(frame(spark, [3]), people))
     assert sorted(r["id"] for r in DeltaTable(people).to_pyarrow_table().to_pylist()) == [1, 3]
+
+
+def test_an_expected_table_held_elsewhere_does_not_fail_a_batch_that_skips_it(
+        spark, lake_daemon, lake):
+    """Batch 1 would declare both tables of batch 0 at Open, but another pipeline holds one of
+    them; batch 1 writes only the other table and commits all the same."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"held-{lake.name}")
+    mine, shared = str(lake / "mine"), str(lake / "shared")
+
+    def batch0(df, batch_id, txn):  # noqa: ANN001, ANN202
+        txn.write(frame(spark, [1]), mine)
+        txn.write(frame(spark, [1]), shared)
+
+    participant.run_batch(spark.range(1), 0, batch0)
+    holder = lake_daemon.stub.OpenTransaction(pb.OpenTransactionRequest(
+        pipeline_id=f"holder-{lake.name}", batch_id=0, tables=[shared]), timeout=30).transaction
+    try:
+        participant.run_batch(spark.range(1), 1,
+                              lambda df, b, txn: txn.write(frame(spark, [2]), mine))
+    finally:
+        lake_daemon.stub.AbortTransaction(pb.AbortTransactionRequest(txn_id=holder.txn_id),
+                                          timeout=30)
+    attempts = sorted((t.attempt, t.state) for t in
+                      transactions(lake_daemon.stub, participant.pipeline_id) if t.batch_id == 1)
+    assert attempts == [(1, pb.ABORTED), (2, pb.APPLIED)]
+    assert DeltaTable(mine).version() == 1 and DeltaTable(shared).version() == 0
