@@ -278,11 +278,8 @@ class TransactionCoordinator:
             )
             # Free tables are declared in the attempt's first durable write; held ones go
             # through _declare below (roll-forward, expiry or a bounded wait).
-            leaving = {old.txn_id for old in superseded}
-            for table in canonical:
-                holder = self._holders.get(table, "")
-                if holder in leaving or self._unfinished.get(holder) is None:
-                    txn.tables[table] = TableEntry(table, write_location(table, txn.txn_id))
+            for table in self._free_tables(canonical, {old.txn_id for old in superseded}):
+                txn.tables[table] = TableEntry(table, write_location(table, txn.txn_id))
             with self.store.batch():
                 if current is None or pipeline.query_id != current.query_id:
                     self._persist_pipeline(pipeline, current)
@@ -330,7 +327,7 @@ class TransactionCoordinator:
         checked = self._check_writes(txn_id, writes)
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
-            if all(txn.tables.get(w.table) and txn.tables[w.table].write == w for w in checked):
+            if self._holds_writes(txn, checked):
                 return self._fresh(txn)  # a retry: already recorded, change nothing
             if txn.state in COMMITTED_STATES:
                 raise FailedPrecondition(f"transaction {txn_id} is already committed")
@@ -381,8 +378,7 @@ class TransactionCoordinator:
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
             if txn.state in COMMITTED_STATES:
-                if any(txn.tables.get(w.table) is None or txn.tables[w.table].write != w
-                       for w in checked):
+                if not self._holds_writes(txn, checked):
                     raise FailedPrecondition(f"transaction {txn_id} is already committed")
                 return self._fresh(txn)  # idempotent: a retried commit answers the same
             if checked:  # the intents join the commit's own durable write
@@ -837,6 +833,17 @@ class TransactionCoordinator:
         self._resolved[uri] = (canonical, now + RESOLVE_CACHE_S)
         return canonical
 
+    def _free_tables(self, tables: Iterable[str], leaving: Iterable[str] = ()) -> list[str]:
+        """The tables no live transaction holds, counting holders in ``leaving`` as gone."""
+        gone = set(leaving)
+        return [t for t in tables if (holder := self._holders.get(t, "")) in gone
+                or self._unfinished.get(holder) is None]
+
+    @staticmethod
+    def _holds_writes(txn: TxnRecord, writes: list[TableWriteRecord]) -> bool:
+        """Whether ``txn`` already records exactly these intents (a retried request)."""
+        return all(txn.tables.get(w.table) and txn.tables[w.table].write == w for w in writes)
+
     def _acquire_free_tables(self, txn_id: str, epoch: int | None, tables: list[str]) -> None:
         """Takes, in one durable write, the hold of every table nobody holds; leaves the rest
         (and every refusal) to ``_acquire_table``."""
@@ -846,7 +853,7 @@ class TransactionCoordinator:
             if len(new) < 2 or txn.state not in LIVE_STATES:
                 return
             txn = self._live_txn_for_update(txn_id, epoch)
-            free = [t for t in new if self._unfinished.get(self._holders.get(t, "")) is None]
+            free = self._free_tables(new)
             if not free:
                 return
             updated = txn.copy()

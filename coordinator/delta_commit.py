@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote
 
 import pyarrow
@@ -184,11 +185,11 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int) -
     commit landing meanwhile shifts every number. The table stays held until this write is
     reported applied, so the write is nearly always among the newest commits: read backwards.
     """
-    log_dir = Path(local_path(table.table_uri)) / "_delta_log"
+    log_dir = commit_file(table.table_uri, 0).parent
     versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
                       reverse=True)
     for version in versions:
-        if _commit_names_txn(log_dir / f"{version:020d}.json", txn_id):
+        if _commit_names_txn(commit_file(table.table_uri, version), txn_id):
             return version
     raise AssertionError(
         f"{table.table_uri} records app transaction {app_id} >= {app_version} but no commit "
@@ -206,18 +207,26 @@ def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
     return False
 
 
-def table_schema_json(table_uri: str) -> str | None:
-    """The current Delta schema JSON of a table, or None if the table does not exist."""
-    layout = table_layout(table_uri)
-    return None if layout is None else layout[0]
+class TableLayout(NamedTuple):
+    """What a write must fit: a table's schema and partition columns at a version."""
+
+    version: int
+    schema_json: str
+    partition_columns: list[str]
 
 
-def table_layout(table_uri: str) -> tuple[str, list[str]] | None:
-    """The current schema JSON and partition columns of a table, or None if it does not exist."""
+def table_layout(table_uri: str) -> TableLayout | None:
+    """The current layout of a table, or None if it does not exist."""
     table = open_table(table_uri)
     if table is None:
         return None
-    return table.schema().to_json(), list(table.metadata().partition_columns)
+    return TableLayout(table.version(), table.schema().to_json(),
+                       list(table.metadata().partition_columns))
+
+
+def commit_file(table_uri: str, version: int) -> Path:
+    """The ``_delta_log`` file of one version of a table."""
+    return Path(local_path(table_uri)) / "_delta_log" / f"{version:020d}.json"
 
 
 def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str],

@@ -142,36 +142,32 @@ class SqliteStore(Store):
                     self._depth -= 1
                 return
             if self._group_commit:
-                yield from self._group_batch()
+                if not self._in_group:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    self._in_group = True
+                # One batch is a savepoint of the open group transaction.
+                yield from self._statement_batch(["SAVEPOINT batch"],
+                                                 ["ROLLBACK TO batch", "RELEASE batch"],
+                                                 ["RELEASE batch"])
+                self._ended += 1
                 return
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._depth = 1
-            try:
-                yield
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            else:
-                self._conn.execute("COMMIT")
-            finally:
-                self._depth = 0
+            yield from self._statement_batch(["BEGIN IMMEDIATE"], ["ROLLBACK"], ["COMMIT"])
 
-    def _group_batch(self) -> Iterator[None]:
-        """One batch as a savepoint of the open group transaction (called under the lock)."""
-        if not self._in_group:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._in_group = True
-        self._conn.execute("SAVEPOINT batch")
+    def _statement_batch(self, begin: list[str], undo: list[str],
+                         done: list[str]) -> Iterator[None]:
+        """Runs ``begin``, yields, then ``done`` or (on any error) ``undo``; under the lock."""
+        for sql in begin:
+            self._conn.execute(sql)
         self._depth = 1
         try:
             yield
         except BaseException:
-            self._conn.execute("ROLLBACK TO batch")
-            self._conn.execute("RELEASE batch")
+            for sql in undo:
+                self._conn.execute(sql)
             raise
         else:
-            self._conn.execute("RELEASE batch")
-            self._ended += 1
+            for sql in done:
+                self._conn.execute(sql)
         finally:
             self._depth = 0
 
