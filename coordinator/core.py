@@ -3,7 +3,7 @@
 No gRPC here. Every state change follows one pattern (as Kafka's transaction coordinator does):
 prepare a copy of the record, persist it (compare-and-set in the store, durable before return),
 and only then apply it in memory and answer. Expected refusals raise the named errors of
-``coordinator.errors``; a broken invariant raises AssertionError.
+``percolake.errors``; a broken invariant raises AssertionError.
 
 Concurrency: one lock guards the in-memory state; Delta I/O (roll-forward) and file deletion run
 outside it. A table is *held* by the transaction that declared it until that transaction aborts
@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from coordinator import validation
-from coordinator.cleanup import remove_attempt_files
-from coordinator.errors import (
+from coordinator.oracle import LOGICAL_BITS, TimestampOracle, wall_ms_of
+from coordinator.store.base import Store, TableCommit, TxnQuery
+from percolake.errors import (
     Conflict,
     DeadlineExceeded,
     FailedPrecondition,
@@ -33,9 +34,10 @@ from coordinator.errors import (
     ResourceExhausted,
     TransactionAborted,
 )
-from coordinator.failpoints import fail_point
-from coordinator.oracle import LOGICAL_BITS, TimestampOracle, wall_ms_of
-from coordinator.records import (
+from percolake.failpoints import fail_point
+from percolake.lake.cleanup import remove_attempt_files
+from percolake.lake.warehouse import Warehouse, write_location
+from percolake.records import (
     PipelineRecord,
     ResetRecord,
     TableEntry,
@@ -43,9 +45,7 @@ from coordinator.records import (
     TxnRecord,
     delta_app_id,
 )
-from coordinator.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
-from coordinator.store.base import Store, TableCommit, TxnQuery
-from coordinator.warehouse import Warehouse, write_location
+from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
 
 log = logging.getLogger("percolake.coordinator")
 

@@ -80,7 +80,7 @@ class RunningServer:
 def start_server(data_dir: str | Path, config: CoordinatorConfig,
                  options: ServerOptions) -> RunningServer:
     """Opens the store in ``data_dir`` (created if missing) and starts serving."""
-    from coordinator.delta_commit import apply_table_write  # deltalake loads only to serve
+    from percolake.lake.delta_commit import apply_table_write  # deltalake loads only to serve
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     store = SqliteStore(data_dir, group_commit=True)  # the servicer flushes before replies

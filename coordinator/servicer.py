@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from coordinator import codec
-from coordinator.codec import optional
 from coordinator.core import TransactionCoordinator
-from coordinator.errors import InvalidArgument, ProtocolError
 from coordinator.status_codes import status_for
 from coordinator.store.base import TxnQuery
+from percolake import codec
+from percolake.codec import optional
+from percolake.errors import InvalidArgument, ProtocolError
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from coordinator import errors
+from percolake import errors
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

@@ -7,9 +7,9 @@ import re
 import uuid
 from collections import Counter
 
-from coordinator.errors import InvalidArgument, ResourceExhausted
-from coordinator.records import TableWriteRecord, WriteMode
-from coordinator.warehouse import ATTEMPT_DIR
+from percolake.errors import InvalidArgument, ResourceExhausted
+from percolake.lake.warehouse import ATTEMPT_DIR
+from percolake.records import TableWriteRecord, WriteMode
 
 MAX_ID_LENGTH = 256
 MAX_TABLES = 1000

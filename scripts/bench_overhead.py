@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as bl  # noqa: E402
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
-from coordinator.records import TableWriteRecord, WriteMode, delta_app_id  # noqa: E402
-from coordinator.warehouse import canonical_table_uri, write_location  # noqa: E402
+from percolake.lake.warehouse import canonical_table_uri, write_location  # noqa: E402
+from percolake.records import TableWriteRecord, WriteMode, delta_app_id  # noqa: E402
 
 TABLES = ("debits", "credits", "balances")
 PHASES: dict[str, float] = {}  # seconds spent per phase in the current run (driver thread)
@@ -61,7 +61,7 @@ def _instrument() -> None:
     check. The coordinator's RPC time is counted separately (heartbeats excluded)."""
     import sparkside.participant as participant
     import sparkside.writer as writer
-    from coordinator import delta_commit
+    from percolake.lake import delta_commit
 
     participant.write_files = _timed("write files (executors)", participant.write_files)
     writer.write_files = participant.write_files
@@ -155,7 +155,7 @@ def run_percolake(spark, target: str, root: Path, rows: int, batches: int) -> di
 
 
 def run_baseline(spark, root: Path, rows: int, batches: int) -> dict:  # noqa: ANN001
-    from coordinator import delta_commit
+    from percolake.lake import delta_commit
     from sparkside import writer
 
     run = f"baseline-{uuid.uuid4().hex[:8]}"

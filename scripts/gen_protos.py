@@ -34,11 +34,10 @@ def generate(out_dir: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     for proto in protos:
-        package_dir = out_dir / proto.relative_to(PROTO_DIR).parent
-        for parent in [package_dir, *package_dir.relative_to(out_dir).parents]:
-            init = out_dir / parent / "__init__.py"
-            if parent != Path(".") and not init.exists():
-                init.write_text(PACKAGE_INIT)
+        # Only the generated package itself: its parents (``percolake``) are hand-written.
+        init = out_dir / proto.relative_to(PROTO_DIR).parent / "__init__.py"
+        if not init.exists():
+            init.write_text(PACKAGE_INIT)
     return sorted(p for p in out_dir.rglob("*") if p.is_file() and p.suffix in {".py", ".pyi"})
 
 

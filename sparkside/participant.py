@@ -19,12 +19,12 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from coordinator import codec
-from coordinator.cleanup import remove_attempt_files
-from coordinator.delta_commit import apply_table_write
-from coordinator.failpoints import fail_point
-from coordinator.records import TableWriteRecord, WriteMode, delta_app_id
-from coordinator.warehouse import canonical_table_uri
+from percolake import codec
+from percolake.failpoints import fail_point
+from percolake.lake.cleanup import remove_attempt_files
+from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.warehouse import canonical_table_uri
+from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
 from sparkside.errors import (

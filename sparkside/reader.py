@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from coordinator.warehouse import local_path
+from percolake.lake.warehouse import local_path
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
 from sparkside.errors import TableNotWritten

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.delta_commit import (
+from percolake.lake.delta_commit import (
     TableLayout,
     commit_file,
     describe_schema_mismatch,

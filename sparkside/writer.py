@@ -22,8 +22,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from coordinator.records import AddFileRecord
-from coordinator.warehouse import local_path
+from percolake.lake.warehouse import local_path
+from percolake.records import AddFileRecord
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"

@@ -6,7 +6,8 @@ import uuid
 import pytest
 
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
-from coordinator.errors import (
+from coordinator.store import MemoryStore
+from percolake.errors import (
     Conflict,
     FailedPrecondition,
     Fenced,
@@ -17,9 +18,8 @@ from coordinator.errors import (
     ResourceExhausted,
     TransactionAborted,
 )
-from coordinator.records import AddFileRecord, TableWriteRecord, WriteMode
-from coordinator.states import TxnState
-from coordinator.store import MemoryStore
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.states import TxnState
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
 

@@ -10,10 +10,8 @@ coordinator's records and a concurrent snapshot reader's observations. The long 
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
-import shutil
 
 import pyarrow as pa
 import pytest
@@ -25,24 +23,9 @@ from tests.crash.harness import Scenario
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def _has(module: str, name: str) -> bool:
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
-
-
-needs_delta_commit = pytest.mark.skipif(
-    not _has("coordinator.delta_commit", "apply_table_write"),
-    reason="coordinator/delta_commit.py (issue 4) is not there yet")
-needs_participant = pytest.mark.skipif(
-    not (_has("sparkside", "Participant") and shutil.which("java")),
-    reason="sparkside.Participant (issue 4) or Java is not there yet")
-
-
 def spark_test(fn):  # noqa: ANN001, ANN201 - a test function
-    """A test with a Spark driver: marked ``spark``, skipped until the participant exists."""
-    return pytest.mark.spark(needs_delta_commit(needs_participant(fn)))
+    """A test with a Spark driver (marked ``spark``)."""
+    return pytest.mark.spark(fn)
 
 
 def _assert_clean(outcome: scenarios.Outcome) -> None:
@@ -52,7 +35,6 @@ def _assert_clean(outcome: scenarios.Outcome) -> None:
 # ---------------------------------------------------------------- the checker is not vacuous
 
 
-@needs_delta_commit
 def test_checker_flags_duplicates_aborted_files_losses_and_torn_reads(tmp_path):
     """The checker passes a clean run and reports each kind of damage done to it by hand."""
     from deltalake import DeltaTable, write_deltalake
@@ -150,7 +132,6 @@ def test_coordinator_dies_around_commit_driver_survives_every_batch_once(
     assert outcome.notes["coordinator_restarts"] >= 1
 
 
-@needs_delta_commit
 def test_c9_coordinator_sigkilled_under_concurrent_load_loses_and_duplicates_nothing(tmp_path):
     """C9: three pipelines commit concurrently (a shared table among them) while the coordinator
     is SIGKILLed at random moments: every acknowledged commit is applied (I4), no batch is
@@ -164,7 +145,6 @@ def test_c9_coordinator_sigkilled_under_concurrent_load_loses_and_duplicates_not
 # ---------------------------------------------------------------- identity
 
 
-@needs_delta_commit
 def test_c10_old_epoch_requests_of_a_zombie_change_nothing(tmp_path):
     """C10 at the protocol level (no Spark): after a new driver registered, every request the old
     driver sends with its old epoch (commit, open, declare, prewrite, heartbeat, abort, report
@@ -197,7 +177,6 @@ def test_c11_deleted_checkpoint_refused_until_reset_then_every_batch_lands(tmp_p
 # ---------------------------------------------------------------- found by C9
 
 
-@needs_delta_commit
 def test_apply_returns_the_version_holding_the_write_when_another_commit_lands_meanwhile(
         tmp_path, monkeypatch):
     """Found by C9 (a participant and the coordinator's roll-forward apply the same write while
@@ -207,8 +186,8 @@ def test_apply_returns_the_version_holding_the_write_when_another_commit_lands_m
     import pyarrow.parquet as pq
     from deltalake import Schema
 
-    from coordinator import delta_commit
-    from coordinator.records import AddFileRecord, TableWriteRecord, WriteMode
+    from percolake.lake import delta_commit
+    from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
     data = pa.table({"a": pa.array([1], pa.int64())})
 

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, Schema
 
-from coordinator.delta_commit import (
+from percolake.lake.delta_commit import (
     apply_table_write,
     describe_schema_mismatch,
     table_layout,
 )
-from coordinator.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
 APP = "percolake:p:g0"
 SCHEMA = Schema.from_arrow(pa.schema([("id", pa.int64()), ("day", pa.string())])).to_json()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from coordinator import failpoints
+from percolake import failpoints
 
 
 @pytest.fixture(autouse=True)

@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
-from coordinator.errors import StoreConflict
-from coordinator.records import TxnRecord
-from coordinator.states import TxnState
 from coordinator.store import SqliteStore
+from percolake.errors import StoreConflict
+from percolake.records import TxnRecord
+from percolake.states import TxnState
 
 
 def txn(txn_id: str, start_ts: int) -> TxnRecord:

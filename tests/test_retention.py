@@ -4,11 +4,11 @@ answer exactly as before; time travel to before the floor is refused, never answ
 import pytest
 
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
-from coordinator.errors import FailedPrecondition, NotFound
 from coordinator.oracle import LOGICAL_BITS
-from coordinator.records import AddFileRecord, TableWriteRecord, WriteMode
-from coordinator.states import TxnState
 from coordinator.store import MemoryStore, SqliteStore
+from percolake.errors import FailedPrecondition, NotFound
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.states import TxnState
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
 HOUR_MS = 3600 * 1000

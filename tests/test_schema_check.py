@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import Schema, write_deltalake
 
-from coordinator.delta_commit import apply_table_write
-from coordinator.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.lake.delta_commit import apply_table_write
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 from sparkside import schema_check
 from sparkside.errors import SchemaMismatch
 

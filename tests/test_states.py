@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from coordinator.states import (
+from percolake.states import (
     VALID_PREVIOUS,
     IllegalTransition,
     TxnState,

@@ -2,8 +2,9 @@
 
 import pytest
 
-from coordinator.errors import StoreConflict
-from coordinator.records import (
+from coordinator.store import MemoryStore, SqliteStore, TableCommit, TxnQuery
+from percolake.errors import StoreConflict
+from percolake.records import (
     AddFileRecord,
     PipelineRecord,
     ResetRecord,
@@ -12,8 +13,7 @@ from coordinator.records import (
     TxnRecord,
     WriteMode,
 )
-from coordinator.states import TxnState
-from coordinator.store import MemoryStore, SqliteStore, TableCommit, TxnQuery
+from percolake.states import TxnState
 
 
 @pytest.fixture(params=["sqlite", "memory"])

@@ -2,7 +2,7 @@
 
 Rules for implementations:
 - Updates are compare-and-set on ``row_version``, checked by row count; a mismatch raises
-  :class:`~coordinator.errors.StoreConflict` ("commit failed, re-read and retry").
+  :class:`~percolake.errors.StoreConflict` ("commit failed, re-read and retry").
 - Every write made inside ``with store.batch():`` becomes durable together (a write outside a
   batch is its own batch): before ``batch`` returns, or, in a store with group commit, before
   the next ``flush()`` returns. Whoever replies to a client calls ``flush()`` first (I8).
@@ -15,8 +15,8 @@ import abc
 import contextlib
 from dataclasses import dataclass
 
-from coordinator.records import PipelineRecord, TxnRecord
-from coordinator.states import TxnState
+from percolake.records import PipelineRecord, TxnRecord
+from percolake.states import TxnState
 
 UNFINISHED_STATES = (TxnState.OPEN, TxnState.PREWRITTEN, TxnState.COMMITTED)
 

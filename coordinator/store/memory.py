@@ -7,9 +7,9 @@ import copy
 import threading
 from collections.abc import Iterator
 
-from coordinator.errors import StoreConflict
-from coordinator.records import PipelineRecord, TxnRecord
 from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
+from percolake.errors import StoreConflict
+from percolake.records import PipelineRecord, TxnRecord
 
 
 class MemoryStore(Store):

@@ -22,9 +22,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from coordinator.errors import StoreConflict
-from coordinator.records import PipelineRecord, TxnRecord
 from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
+from percolake.errors import StoreConflict
+from percolake.records import PipelineRecord, TxnRecord
 
 SCHEMA_VERSION = 1
 log = logging.getLogger("percolake.store")

@@ -3,7 +3,7 @@
 Each pipeline is a thread that runs the protocol as a driver would: RegisterPipeline, Open (tables
 declared up front), Parquet files written with pyarrow under the returned write locations, one
 CommitTransaction carrying the prewrites, then each table's Delta commit with
-``coordinator.delta_commit.apply_table_write`` and ReportApplied. Transient errors (the daemon
+``percolake.lake.delta_commit.apply_table_write`` and ReportApplied. Transient errors (the daemon
 restarting) are retried; a commit whose reply was lost is retried on the same txn (idempotent),
 never guessed. Every acknowledged commit is recorded, for I4.
 
@@ -26,8 +26,8 @@ import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from coordinator import codec
-from coordinator.records import delta_app_id
+from percolake import codec
+from percolake.records import delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from tests.crash import workload
 from tests.crash.checker import TableSpec, bank_tables, local_path
@@ -185,7 +185,7 @@ class LightPipeline:
 
     def _finish(self, client: Client, txn_id: str) -> None:
         """The secondaries: each unapplied table's Delta commit, then ReportApplied."""
-        from coordinator.delta_commit import apply_table_write
+        from percolake.lake.delta_commit import apply_table_write
 
         txn = client.transaction(txn_id, include_writes=True)
         applied = []

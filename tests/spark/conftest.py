@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from coordinator import failpoints
+from percolake import failpoints
 from sparkside import Participant, local_spark
 
 

@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from coordinator import failpoints
+from percolake import failpoints
 from sparkside import ConsistentReader, Participant
 from tests.spark.conftest import run_until
 from tests.spark.helpers import committed_batches, files_of_every_version, rows, transactions

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.delta_commit import apply_table_write
-from coordinator.records import TableWriteRecord, WriteMode
+from percolake.lake.delta_commit import apply_table_write
+from percolake.records import TableWriteRecord, WriteMode
 from sparkside.reader import read_table_version
 from sparkside.writer import delta_schema_json, write_files
 

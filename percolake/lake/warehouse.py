@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from coordinator.errors import InvalidArgument, PermissionDenied
+from percolake.errors import InvalidArgument, PermissionDenied
 
 ATTEMPT_DIR = "_percolake"
 MAX_URI_LENGTH = 4096

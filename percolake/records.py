@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.states import TxnState
+from percolake.states import TxnState
 
 
 class WriteMode(enum.Enum):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.errors import InvalidArgument
-from coordinator.records import (
+from percolake.errors import InvalidArgument
+from percolake.records import (
     AddFileRecord,
     PipelineRecord,
     TableEntry,
@@ -11,7 +11,7 @@ from coordinator.records import (
     TxnRecord,
     WriteMode,
 )
-from coordinator.states import TxnState
+from percolake.states import TxnState
 from percolake.v1 import coordinator_pb2 as pb
 
 _MODE_TO_PB = {

@@ -23,8 +23,8 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from coordinator.records import PartitionValues, TableWriteRecord, WriteMode
-from coordinator.warehouse import local_path
+from percolake.lake.warehouse import local_path
+from percolake.records import PartitionValues, TableWriteRecord, WriteMode
 
 log = logging.getLogger("percolake.delta")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from coordinator.warehouse import ATTEMPT_DIR, local_path
+from percolake.lake.warehouse import ATTEMPT_DIR, local_path
 
 
 def remove_attempt_files(write_location: str) -> None:

@@ -1,0 +1,1 @@
+"""Lake code both sides share: table URIs and warehouse rules, Delta commits, attempt cleanup."""
