@@ -103,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--generation", type=int,
                        help="reset only if this is the current generation (compare-and-set); "
                        "repeating a succeeded request then changes nothing")
+    reset.add_argument("--query-id",
+                       help="bind the new generation to this Spark query id at once; needed to "
+                       "run a query id of an earlier generation again (its checkpoint restarted "
+                       "on purpose)")
     return parser
 
 
@@ -132,6 +136,8 @@ def _reset(args: argparse.Namespace) -> int:
     request = pb.ResetPipelineRequest(pipeline_id=args.pipeline, reason=args.reason)
     if args.generation is not None:
         request.expected_generation = args.generation
+    if args.query_id is not None:
+        request.query_id = args.query_id
     with grpc.insecure_channel(args.target) as channel:
         try:
             reply = pb_grpc.CoordinatorStub(channel).ResetPipeline(request, timeout=30)

@@ -5,13 +5,16 @@ TLS, mutual TLS and bearer-token interceptors slot in here without touching the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,12 +22,95 @@ from grpc_reflection.v1alpha import reflection
 
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
 from coordinator.servicer import CoordinatorServicer
+from coordinator.status_codes import status_for
 from coordinator.store import SqliteStore
+from percolake.errors import InvalidArgument
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
 log = logging.getLogger("percolake.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
+_HANDLER_FACTORIES = {  # (request_streaming, response_streaming) -> grpc's handler factory
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+class _Malformed:
+    """Request bytes that did not parse as the method's request message."""
+
+    def __init__(self, message_type: str, error: Exception) -> None:
+        self.message_type = message_type
+        self.error = error
+
+
+class MalformedRequestInterceptor(grpc.ServerInterceptor):
+    """Request bytes that are not a protobuf message of the method's request type (garbage, a
+    truncated message, a string field that is not UTF-8) are answered INVALID_ARGUMENT naming
+    the method; grpcio itself would answer INTERNAL. Covers every service of the server."""
+
+    def intercept_service(self, continuation: Callable[[Any], Any],
+                          handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        behavior = (handler.unary_unary or handler.unary_stream or handler.stream_unary
+                    or handler.stream_stream)
+        checked = (_checked_stream(behavior, method) if handler.request_streaming
+                   else _checked_unary(behavior, method))
+        factory = _HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        return factory(checked, request_deserializer=_lenient(handler.request_deserializer),
+                       response_serializer=handler.response_serializer)
+
+
+def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    message = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    message_type = message.full_name if message is not None else "request"
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # DecodeError, and whatever else a parser raises
+            return _Malformed(message_type, exc)
+
+    return parse
+
+
+def _refuse(context: grpc.ServicerContext, method: str, request: _Malformed) -> None:
+    error = InvalidArgument(
+        f"{method}: the request bytes are not a protobuf {request.message_type} message "
+        f"({type(request.error).__name__}: {request.error}); send the message the method's "
+        ".proto declares")
+    log.info("refused", extra={"rpc": method, "error": "MalformedRequest",
+                               "detail": str(request.error)})
+    context.abort(status_for(error), str(error))
+
+
+def _checked_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def handle(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            _refuse(context, method, request)
+        return behavior(request, context)
+
+    return handle
+
+
+def _checked_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def handle(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        return behavior(_checked_requests(requests, context, method), context)
+
+    return handle
+
+
+def _checked_requests(requests: Iterator[Any], context: grpc.ServicerContext,
+                      method: str) -> Iterator[Any]:
+    for request in requests:
+        if isinstance(request, _Malformed):
+            _refuse(context, method, request)
+        yield request
 
 
 @dataclass
@@ -46,6 +132,7 @@ class RunningServer:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.max_workers,
                                        thread_name_prefix="rpc"),
+            interceptors=[MalformedRequestInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", options.max_message_bytes),
                 ("grpc.max_send_message_length", options.max_message_bytes),
@@ -80,11 +167,17 @@ class RunningServer:
 def start_server(data_dir: str | Path, config: CoordinatorConfig,
                  options: ServerOptions) -> RunningServer:
     """Opens the store in ``data_dir`` (created if missing) and starts serving."""
-    from percolake.lake.delta_commit import apply_table_write  # deltalake loads only to serve
+    from percolake.lake.delta_commit import (  # deltalake loads only to serve
+        apply_table_write,
+        is_commit_of,
+    )
+    from percolake.lake.write_check import WriteChecker
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     store = SqliteStore(data_dir, group_commit=True)  # the servicer flushes before replies
-    core = TransactionCoordinator(store, config, applier=apply_table_write)
+    applier = functools.partial(apply_table_write, roots=config.warehouse_roots)
+    core = TransactionCoordinator(store, config, applier=applier,
+                                  applied_check=is_commit_of, write_check=WriteChecker().check)
     running = RunningServer(core, options)
     running.start()
     return running

@@ -1,15 +1,23 @@
-"""The gRPC servicer: decode the request, call the core, encode the reply. Nothing else."""
+"""The gRPC servicer: decode the request, call the core, encode the reply. Nothing else.
+
+Decoding includes the bounds of what only the wire carries (list lengths, timeouts, page
+tokens), checked with ``coordinator.validation``; request bytes that are not protobuf at all are
+refused before this module by ``server.MalformedRequestInterceptor``.
+"""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
 
+from coordinator import validation
 from coordinator.core import TransactionCoordinator
 from coordinator.status_codes import status_for
 from coordinator.store.base import TxnQuery
@@ -22,6 +30,7 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 log = logging.getLogger("percolake.rpc")
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PAGE_SIZE = 1000
+_PAGE_TOKEN = re.compile(rb"ts:(0|[1-9][0-9]{0,18})")  # ASCII digits; at most int64's 19
 
 
 def rpc(method: F) -> F:
@@ -56,14 +65,18 @@ def _page_token(start_ts: int) -> str:
 
 
 def _after_start_ts(token: str) -> int:
+    """The start_ts a page token continues after; an int64, or InvalidArgument."""
     if not token:
         return 0
     try:
-        kind, value = base64.urlsafe_b64decode(token.encode()).decode().split(":")
-        assert kind == "ts"
-        return int(value)
-    except Exception:
-        raise InvalidArgument("page_token is not one this service returned") from None
+        raw = base64.urlsafe_b64decode(token.encode("ascii"))
+    except (UnicodeEncodeError, binascii.Error):
+        raw = b""
+    match = _PAGE_TOKEN.fullmatch(raw)
+    if match is None or int(match[1]) > validation.INT64_MAX:
+        raise InvalidArgument("page_token is not one this service returned; send the "
+                              "next_page_token of the previous reply, or none to start")
+    return int(match[1])
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
@@ -78,6 +91,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def OpenTransaction(self, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
+        validation.check_timeout_ms("timeout_ms", request.timeout_ms,
+                                    validation.MAX_TXN_TIMEOUT_MS)
         txn, committed = self.core.open_transaction(
             request.pipeline_id, request.batch_id, optional(request, "epoch"),
             optional(request, "query_id"), list(request.tables), request.timeout_ms)
@@ -89,6 +105,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def DeclareTables(self, request, context):  # noqa: N802
         if not request.tables:
             raise InvalidArgument("declare at least one table")
+        validation.check_count("tables", len(request.tables))
         txn = self.core.declare_tables(request.txn_id, optional(request, "epoch"),
                                        list(request.tables))
         return pb.DeclareTablesResponse(transaction=codec.txn_to_pb(txn),
@@ -96,12 +113,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def Prewrite(self, request, context):  # noqa: N802
+        validation.check_count("table writes", len(request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
         txn = self.core.prewrite(request.txn_id, optional(request, "epoch"), writes)
         return pb.PrewriteResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
     def CommitTransaction(self, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
+        validation.check_count("table writes", len(request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
         txn = self.core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
                                writes, release_unwritten=request.release_unwritten)
@@ -109,11 +129,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def AbortTransaction(self, request, context):  # noqa: N802
-        txn = self.core.abort(request.txn_id, optional(request, "epoch"), request.reason)
+        txn = self.core.abort(request.txn_id, optional(request, "epoch"),
+                              validation.clean_reason(request.reason))
         return pb.AbortTransactionResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
     def ReportApplied(self, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
         versions: dict[str, int] = {}
         for applied in request.tables:
             if applied.table in versions:
@@ -125,7 +147,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @rpc
     def Heartbeat(self, request, context):  # noqa: N802
         state, expires_ms = self.core.heartbeat(request.txn_id, optional(request, "epoch"))
-        return pb.HeartbeatResponse(state=codec.state_to_pb(state), expires_in_ms=expires_ms)
+        return pb.HeartbeatResponse(state=codec.state_to_pb(state),
+                                    expires_in_ms=min(expires_ms, validation.INT64_MAX))
 
     @rpc
     def GetTransaction(self, request, context):  # noqa: N802
@@ -140,7 +163,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         limit = request.page_size or 100
         query = TxnQuery(
             pipeline_id=request.pipeline_id, generation=optional(request, "generation"),
-            states=tuple(codec.state_from_pb(s) for s in request.states),
+            states=tuple(dict.fromkeys(codec.state_from_pb(s) for s in request.states)),
             batch_id=optional(request, "batch_id"),
             created_after_ms=request.created_after_unix_ms,
             created_before_ms=request.created_before_unix_ms,
@@ -153,13 +176,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def GetSnapshot(self, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
+        validation.check_timeout_ms("wait_timeout_ms", request.wait_timeout_ms,
+                                    validation.MAX_WAIT_MS)
         as_of = request.WhichOneof("as_of")
         batch = None
         if as_of == "as_of_batch":
             ref = request.as_of_batch
             batch = (ref.pipeline_id, optional(ref, "generation"), ref.batch_id)
-        if request.wait_timeout_ms < 0:
-            raise InvalidArgument("wait_timeout_ms must be >= 0")
+            if batch[1] is not None:
+                validation.check_non_negative("generation", batch[1])
         snapshot = self.core.get_snapshot(
             list(request.tables), request.as_of_ts if as_of == "as_of_ts" else None, batch,
             request.wait_timeout_ms / 1000 if request.wait_timeout_ms else None)
@@ -178,7 +204,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @rpc
     def ResetPipeline(self, request, context):  # noqa: N802
         pipeline, changed, aborted = self.core.reset_pipeline(
-            request.pipeline_id, request.reason, optional(request, "expected_generation"),
-            request.require_idle)
+            request.pipeline_id, validation.clean_reason(request.reason),
+            optional(request, "expected_generation"),
+            request.require_idle, optional(request, "query_id"))
         return pb.ResetPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline), changed=changed,
                                         aborted_txn_ids=aborted)

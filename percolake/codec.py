@@ -23,6 +23,14 @@ _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
 _MODE_FROM_PB[pb.WRITE_MODE_UNSPECIFIED] = WriteMode.APPEND
 _STATE_TO_PB = {s: pb.TransactionState.Value(s.value) for s in TxnState}
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
+INT64_MAX = 2**63 - 1
+
+
+def int64(value: int) -> int:
+    """A count the codec computes (a sum), saturated to int64: validation bounds every sum a
+    write can make, so this only ever guards records stored before those bounds existed, whose
+    replies must still be answered (a replay must learn that its batch committed)."""
+    return max(-INT64_MAX - 1, min(value, INT64_MAX))
 
 
 def state_to_pb(state: TxnState) -> int:
@@ -90,7 +98,7 @@ def _participant_to_pb(entry: TableEntry, include_writes: bool) -> pb.TableParti
     if entry.write is not None:
         msg.mode = _MODE_TO_PB[entry.write.mode]
         msg.file_count = len(entry.write.add_files)
-        msg.row_count = entry.write.row_count()
+        msg.row_count = int64(entry.write.row_count())
         if include_writes:
             msg.write.CopyFrom(table_write_to_pb(entry.write))
     return msg
@@ -119,7 +127,8 @@ def pipeline_to_pb(pipeline: PipelineRecord) -> pb.Pipeline:
         last_commit_unix_ms=pipeline.last_commit_ms,
         resets=[pb.PipelineReset(from_generation=r.from_generation,
                                  to_generation=r.to_generation, reason=r.reason,
-                                 reset_unix_ms=r.reset_ms, previous_query_id=r.previous_query_id)
+                                 reset_unix_ms=r.reset_ms, previous_query_id=r.previous_query_id,
+                                 bound_query_id=r.bound_query_id)
                 for r in pipeline.resets],
     )
 

@@ -188,6 +188,7 @@ class ResetRecord:
     reset_ms: int
     previous_query_id: str
     expected_generation: int | None = None
+    bound_query_id: str = ""
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Transaction states and the one table of valid transitions. No I/O here.
 
 OPEN -> PREWRITTEN -> COMMITTED -> APPLIED; OPEN | PREWRITTEN -> ABORTED; OPEN -> COMMITTED for
-an empty transaction. COMMITTED and ABORTED are decisions and never change into one another.
+an empty transaction, which may go to APPLIED at once (no secondary to wait for), in the same
+durable write, as may a commit whose written tables were all released. COMMITTED and ABORTED are
+decisions and never change into one another.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
     TxnState.OPEN: frozenset(),
     TxnState.PREWRITTEN: frozenset({TxnState.OPEN, TxnState.PREWRITTEN}),
     TxnState.COMMITTED: frozenset({TxnState.OPEN, TxnState.PREWRITTEN}),
-    TxnState.APPLIED: frozenset({TxnState.COMMITTED}),
+    # from OPEN / PREWRITTEN: a commit with no table left to apply is decided and done at once
+    TxnState.APPLIED: frozenset({TxnState.COMMITTED, TxnState.OPEN, TxnState.PREWRITTEN}),
     TxnState.ABORTED: frozenset({TxnState.OPEN, TxnState.PREWRITTEN}),
 }
 

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
+from percolake.lake.arrow_read import read_delta_table  # noqa: E402
 from sparkside import ConsistentReader, Participant, local_spark  # noqa: E402
 
 ACCOUNTS = 8
@@ -44,12 +45,23 @@ def say(message: str) -> None:
 
 
 def table_sum(path: Path, version: int | None = None) -> int | None:
+    """sum(amount) of a table at ``version`` (latest if None); None if it does not exist yet.
+
+    Tables are read with ``read_delta_table``, not ``DeltaTable.to_pyarrow_table()``: a
+    process that exits soon after the latter can abort (see percolake/lake/arrow_read.py).
+    """
     if not DeltaTable.is_deltatable(str(path)):
         return None
-    table = DeltaTable(str(path), version=version) if version is not None \
-        else DeltaTable(str(path))
-    amounts = table.to_pyarrow_table(columns=["amount"]).column("amount")
+    amounts = read_delta_table(str(path), version, columns=["amount"]).column("amount")
     return int(pyarrow.compute.sum(amounts).as_py() or 0)
+
+
+def previous_balances(path: Path, version: int | None) -> dict[int, int]:
+    """Each account's balance in the balances table at ``version`` ({} before the first)."""
+    if version is None:
+        return {}
+    rows = read_delta_table(str(path), version).to_pylist()
+    return {r["account"]: r["balance"] for r in rows}
 
 
 class Readers:
@@ -121,9 +133,7 @@ def bank_job(spark, lake: Path, reader: ConsistentReader):  # noqa: ANN001, ANN2
             .groupBy("account").agg(F.sum("net").alias("net")).collect())}
         balances_path = lake / "balances"
         version = reader.snapshot([str(balances_path)]).versions[str(balances_path)]
-        previous = ({r["account"]: r["balance"] for r in DeltaTable(
-                        str(balances_path), version=version).to_pyarrow_table().to_pylist()}
-                    if version is not None else {})
+        previous = previous_balances(balances_path, version)
         balances = [(a, previous.get(a, OPENING_BALANCE) + moved.get(a, 0), batch_id)
                     for a in range(ACCOUNTS)]
         txn.write(debits, str(lake / "debits"))

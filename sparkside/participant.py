@@ -202,19 +202,30 @@ class Participant:
         try:
             reply = self.client.register(self.pipeline_id, query_id)
         except BatchRefused as refused:
-            if self.on_checkpoint_reset != "new_generation" or "query id" not in str(refused):
-                raise
+            if (self.on_checkpoint_reset != "new_generation" or not query_id
+                    or "but this request carries query id" not in str(refused)):
+                raise  # only a new checkpoint (another query id than the bound one) resets
             log.warning("pipeline %s: Spark query id changed to %s (new checkpoint); "
                         "on_checkpoint_reset='new_generation' starts a new generation",
                         self.pipeline_id, query_id)
-            self.client.call("ResetPipeline", pb.ResetPipelineRequest(
-                pipeline_id=self.pipeline_id, require_idle=True,
-                reason=f"automatic: new Spark query id {query_id} "
-                       "(on_checkpoint_reset='new_generation')"))
+            self._reset_for(query_id)
             reply = self.client.register(self.pipeline_id, query_id)
         self.epoch, self.generation, self._query_id = reply.epoch, reply.generation, query_id
         log.info("pipeline %s registered: epoch %s, generation %s", self.pipeline_id,
                  self.epoch, self.generation)
+
+    def _reset_for(self, query_id: str | None) -> None:
+        """The automatic reset: compare-and-set on the generation seen, so a retried call
+        resets once; the new generation is bound to the new query id in the same write."""
+        generation = self.client.call(
+            "GetPipeline", pb.GetPipelineRequest(pipeline_id=self.pipeline_id)).generation
+        request = pb.ResetPipelineRequest(
+            pipeline_id=self.pipeline_id, require_idle=True, expected_generation=generation,
+            reason=f"automatic: new Spark query id {query_id} "
+                   "(on_checkpoint_reset='new_generation')")
+        if query_id:
+            request.query_id = query_id
+        self.client.call("ResetPipeline", request)
 
     def _open(self, request: pb.OpenTransactionRequest) -> pb.OpenTransactionResponse:
         """Opens the attempt declaring the expected tables; if one of them is held elsewhere,

@@ -9,6 +9,7 @@ version's file list (delta-rs) with Spark's Parquet reader, partition columns re
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 from urllib.parse import unquote
 
 import pyarrow
@@ -99,20 +100,35 @@ def _delta_spark_available(spark: SparkSession) -> bool:
         return False
 
 
-def read_table_version(spark: SparkSession, table_uri: str, version: int) -> DataFrame:
-    """One Delta table at one version as a Spark DataFrame, columns in the table's order."""
+class TableFiles(NamedTuple):
+    """One version of a Delta table as its log lists it: what Spark's Parquet reader needs."""
+
+    schema: T.StructType
+    partition_columns: list[str]
+    files: dict[str, dict]  # local path of each data file -> its partition values
+
+
+def table_files(table_uri: str, version: int) -> TableFiles:
+    """The schema, partition columns and data files of a table's version, from its Delta log
+    (delta-rs; no JVM). The log is read as metadata only: no Parquet scan, no Arrow threads."""
     path = local_path(table_uri)
-    if _delta_spark_available(spark):
-        return spark.read.format("delta").option("versionAsOf", version).load(path)
     table = DeltaTable(path, version=version)
     schema = from_arrow_schema(pyarrow.schema(table.schema().to_arrow()),
                                prefer_timestamp_ntz=True)
-    partition_columns = list(table.metadata().partition_columns)
-    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
     files: dict[str, dict] = {}
     for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
         # the log's paths are URI-encoded relative paths
         files[f"{path}/{unquote(add['path'])}"] = add.get("partition") or {}
+    return TableFiles(schema, list(table.metadata().partition_columns), files)
+
+
+def read_table_version(spark: SparkSession, table_uri: str, version: int) -> DataFrame:
+    """One Delta table at one version as a Spark DataFrame, columns in the table's order."""
+    if _delta_spark_available(spark):
+        return spark.read.format("delta").option("versionAsOf", version).load(
+            local_path(table_uri))
+    schema, partition_columns, files = table_files(table_uri, version)
+    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
     if not files:
         return spark.createDataFrame([], schema)
     scan = spark.read.schema(data_schema).parquet(*files)

@@ -6,6 +6,7 @@ so test modules can use them in ``parametrize`` tables as well.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,11 @@ from typing import Any
 
 import grpc
 
+from percolake import codec
+from percolake.errors import ProtocolError
+from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.warehouse import local_path
+from percolake.records import delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 
 SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
@@ -47,11 +53,49 @@ def add_file(txn_id: str, name: str = "part-00000.parquet", rows: int = 1,
 
 def table_write(table: str, txn_id: str, files: int = 1, rows: int = 1,
                 mode: int = pb.APPEND, **fields: Any) -> pb.TableWrite:
-    """A valid write intent of ``files`` files for ``table``."""
-    return pb.TableWrite(
+    """A valid write intent of ``files`` files for ``table``; the files exist with their sizes
+    (the coordinator checks that before the commit point)."""
+    write = pb.TableWrite(
         table=str(table), mode=mode, schema_json=SCHEMA_JSON,
         add_files=[add_file(txn_id, f"part-{i:05d}.parquet", rows) for i in range(files)],
         **fields)
+    materialise(write)
+    return write
+
+
+def materialise(write: pb.TableWrite) -> None:
+    """Creates each add file of ``write`` with its stated size, where the table's folder can
+    be named at all (tests of refused table names get no files)."""
+    try:
+        root = Path(local_path(write.table if "://" in write.table else canonical(write.table)))
+    except ProtocolError:
+        return
+    for add in write.add_files:
+        path = root / add.path
+        if ".." in Path(add.path).parts or add.path.startswith("/"):
+            continue
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"\0" * add.size)
+
+
+def apply_all(stub: Any, txn_id: str) -> dict[str, int]:
+    """Applies every table of a committed transaction to its Delta table, as a participant
+    does (idempotently), and returns each table's Delta version (for ReportApplied)."""
+    txn = stub.GetTransaction(pb.GetTransactionRequest(txn_id=txn_id, include_writes=True),
+                              timeout=30)
+    return {p.table: apply_table_write(
+        codec.table_write_from_pb(p.write), app_id=delta_app_id(txn.pipeline_id, txn.generation),
+        app_version=txn.batch_id, txn_id=txn.txn_id, commit_ts=txn.commit_ts)
+        for p in txn.participants}
+
+
+def report_applied(stub: Any, txn_id: str) -> pb.Transaction:
+    """Applies and reports every table of a committed transaction; the transaction after it."""
+    versions = apply_all(stub, txn_id)
+    return stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn_id, tables=[
+        pb.AppliedTable(table=t, delta_version=v) for t, v in versions.items()]),
+        timeout=30).transaction
 
 
 def rpc_error(call: Callable[..., Any], request: Any, timeout: float = 30) -> grpc.RpcError:

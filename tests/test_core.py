@@ -1,6 +1,5 @@
 """The coordinator core with the in-memory store, a fake Delta applier and a fake clock."""
 
-import time
 import uuid
 
 import pytest
@@ -351,14 +350,13 @@ def test_sweep_deletes_leftover_files_of_recent_aborts(env):
 
 
 def test_reset_requiring_idle_refuses_while_the_old_driver_is_active(env):
-    core, _, _, _, tmp = env
+    core, clock, _, _, tmp = env
     query = str(uuid.uuid4())
     epoch = core.register_pipeline("p", query).epoch
     run_batch(core, tmp, "p", 0, ["a"], epoch, query)
     with pytest.raises(FailedPrecondition, match="on_checkpoint_reset"):
         core.reset_pipeline("p", "auto", None, require_idle=True)
-    core.config.txn_timeout_s = 0.01
-    time.sleep(0.05)  # the last commit is now older than the transaction timeout
+    clock.now += 61  # the last commit is now older than the transaction timeout
     pipeline, changed, _ = core.reset_pipeline("p", "auto", None, require_idle=True)
     assert changed and pipeline.generation == 1
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from percolake.lake.arrow_read import read_delta_table
 from percolake.v1 import coordinator_pb2 as pb
-from tests.daemon_support import canonical, table_write, unique, wait_for
+from tests.daemon_support import apply_all, canonical, table_write, unique, wait_for
 
 NO_ROLL_FORWARD = ["--roll-forward-after", "3600"]
 
@@ -88,9 +89,10 @@ def test_sigkill_keeps_every_acknowledged_state_and_epoch(daemon_factory):
     stub.CommitTransaction(pb.CommitTransactionRequest(
         txn_id=applied.txn_id, epoch=e1.epoch, writes=[table_write(table, applied.txn_id)]),
         timeout=30)
+    (version,) = apply_all(stub, applied.txn_id).values()
     applied = stub.ReportApplied(pb.ReportAppliedRequest(
         txn_id=applied.txn_id, epoch=e1.epoch,
-        tables=[pb.AppliedTable(table=table, delta_version=5)]), timeout=30).transaction
+        tables=[pb.AppliedTable(table=table, delta_version=version)]), timeout=30).transaction
     aborted = stub.AbortTransaction(pb.AbortTransactionRequest(
         txn_id=open_(2).txn_id, epoch=e1.epoch, reason="test"), timeout=30).transaction
     prewritten = open_(3)
@@ -240,21 +242,18 @@ def _write_parquet(table: str, txn_id: str, ids: list[int]) -> pb.TableWrite:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder = Path(table) / "_percolake" / txn_id
-    folder.mkdir(parents=True)
-    path = folder / "part-00000.parquet"
+    write = table_write(table, txn_id)  # its placeholder file is replaced by real Parquet
+    path = Path(table) / write.add_files[0].path
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
                              "day": pa.array(["d1"] * len(ids), pa.string())}), path)
-    write = table_write(table, txn_id)
     write.add_files[0].size = path.stat().st_size
     write.add_files[0].stats = json.dumps({"numRecords": len(ids)})
     return write
 
 
 def _delta_ids(table: str, version: int) -> list[int]:
-    from deltalake import DeltaTable
 
-    return sorted(DeltaTable(table, version=version).to_pyarrow_table()["id"].to_pylist())
+    return sorted(read_delta_table(table, version)["id"].to_pylist())
 
 
 @pytest.mark.parametrize("resolver", ["snapshot_reader", "background_resolver"])

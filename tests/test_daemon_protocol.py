@@ -2,7 +2,8 @@
 
 One daemon serves the module (each test uses its own pipeline ids and tables); the timeout
 tests get a second one started with ``--txn-timeout 1``. ``--roll-forward-after 3600`` keeps the
-resolver from applying committed writes itself: these tests report Delta versions by hand.
+resolver from applying committed writes itself: these tests apply with delta-rs and report the
+Delta versions themselves, as a participant does (the coordinator checks them against the log).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import pytest
 
 from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import (
+    apply_all,
     canonical,
     expect_status,
+    report_applied,
     table_write,
     unique,
     wait_for,
@@ -162,19 +165,23 @@ def test_three_table_transaction_open_prewrite_commit_apply(shared, stub, prewri
     assert committed.state == pb.COMMITTED
     assert committed.commit_ts > committed.start_ts == txn.start_ts
 
+    delta = apply_all(stub, txn.txn_id)
     partial = stub.ReportApplied(pb.ReportAppliedRequest(
-        txn_id=txn.txn_id, tables=[pb.AppliedTable(table=tables[0], delta_version=4)]),
+        txn_id=txn.txn_id, tables=[pb.AppliedTable(table=tables[0], delta_version=0)]),
         timeout=30).transaction
     assert partial.state == pb.COMMITTED, "APPLIED only once every table is reported"
+    expect_status(stub.ReportApplied, pb.ReportAppliedRequest(txn_id=txn.txn_id, tables=[
+        pb.AppliedTable(table=tables[1], delta_version=4)]), FP, "not transaction")
     applied = stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn.txn_id, tables=[
-        pb.AppliedTable(table=tables[1], delta_version=0),
-        pb.AppliedTable(table=tables[2], delta_version=11)]), timeout=30).transaction
+        pb.AppliedTable(table=tables[1], delta_version=delta[canon[1]]),
+        pb.AppliedTable(table=tables[2], delta_version=delta[canon[2]])]),
+        timeout=30).transaction
     assert applied.state == pb.APPLIED
 
     final = get(stub, txn.txn_id)
     assert final.state == pb.APPLIED and final.commit_ts == committed.commit_ts
     versions = {p.table: (p.applied, p.delta_version) for p in final.participants}
-    assert versions == {canon[0]: (True, 4), canon[1]: (True, 0), canon[2]: (True, 11)}
+    assert versions == {c: (True, 0) for c in canon}
 
 
 def test_commit_with_writes_in_one_call(shared, stub):
@@ -218,8 +225,9 @@ def test_retries_of_each_call_are_idempotent(shared, stub):
     # A retried prewrite after the commit (its reply was lost) answers the committed record.
     assert stub.Prewrite(prewrite, timeout=30).transaction == committed.transaction
 
+    delta = apply_all(stub, txn.txn_id)
     report = pb.ReportAppliedRequest(txn_id=txn.txn_id, tables=[
-        pb.AppliedTable(table=t, delta_version=i) for i, t in enumerate(tables)])
+        pb.AppliedTable(table=t, delta_version=delta[canonical(t)]) for t in tables])
     applied = stub.ReportApplied(report, timeout=30)
     assert applied.transaction.state == pb.APPLIED
     assert stub.ReportApplied(report, timeout=30) == applied
@@ -248,12 +256,11 @@ def test_changed_retries_are_refused_not_merged(shared, stub):
         FP, "different prewrite")
     assert get(stub, txn.txn_id) == txn
     stub.CommitTransaction(pb.CommitTransactionRequest(txn_id=txn.txn_id), timeout=30)
-    stub.ReportApplied(pb.ReportAppliedRequest(
-        txn_id=txn.txn_id, tables=[pb.AppliedTable(table=table, delta_version=3)]), timeout=30)
+    report_applied(stub, txn.txn_id)
     applied = get(stub, txn.txn_id)
     expect_status(stub.ReportApplied, pb.ReportAppliedRequest(
         txn_id=txn.txn_id, tables=[pb.AppliedTable(table=table, delta_version=4)]),
-        FP, "version 3")
+        FP, "version 0")
     assert get(stub, txn.txn_id) == applied
 
 
@@ -299,8 +306,7 @@ def test_reopen_of_committed_batch_answers_already_committed(shared, stub):
         assert reply.transaction.commit_ts == committed.commit_ts
         # The locations tell the participant which secondaries it may still have to finish.
         assert {loc.table for loc in reply.locations} == {canonical(t) for t in tables}
-        stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn.txn_id, tables=[
-            pb.AppliedTable(table=t, delta_version=1) for t in tables]), timeout=30)
+        report_applied(stub, txn.txn_id)
     assert [t.txn_id for t in list_all(stub, pipeline_id=pipeline)] == [txn.txn_id]
 
 
@@ -659,6 +665,8 @@ def test_report_applied_checks_its_tables(shared, stub):
         grpc.StatusCode.INVALID_ARGUMENT, "did not write")
     assert get(stub, txn.txn_id) == committed
     # Another spelling of the same table is the same table.
+    (version,) = apply_all(stub, txn.txn_id).values()
     applied = stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn.txn_id, tables=[
-        pb.AppliedTable(table=f"file://{table}/", delta_version=2)]), timeout=30).transaction
+        pb.AppliedTable(table=f"file://{table}/", delta_version=version)]),
+        timeout=30).transaction
     assert applied.state == pb.APPLIED

@@ -11,11 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, Schema
 
+from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.delta_commit import (
     apply_table_write,
     describe_schema_mismatch,
     table_layout,
 )
+from percolake.lake.warehouse import UnsafeLocation, canonical_table_uri, local_path
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
 APP = "percolake:p:g0"
@@ -42,8 +44,7 @@ def write(table: Path, mode: WriteMode, files: list[AddFileRecord],
 
 
 def ids(table: Path, version: int | None = None) -> list[tuple[int, str]]:
-    dt = DeltaTable(str(table), version=version) if version is not None else DeltaTable(str(table))
-    return sorted((r["id"], r["day"]) for r in dt.to_pyarrow_table().to_pylist())
+    return sorted((r["id"], r["day"]) for r in read_delta_table(str(table), version).to_pylist())
 
 
 def test_first_write_creates_the_table_with_its_data_in_one_version(table):
@@ -163,7 +164,7 @@ def test_overwrite_partitions_compares_timestamp_partitions_as_timestamps(table)
     apply_table_write(at_write("c", [3], "2026-01-02 00:00:00.000000",
                                WriteMode.OVERWRITE_PARTITIONS, ({"at": "2026-01-02 00:00:00"},)),
                       app_id=APP, app_version=2, txn_id="c", commit_ts=12)
-    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    rows = read_delta_table(str(table)).to_pylist()
     assert sorted((r["id"], r["at"].isoformat()) for r in rows) == [
         (2, "2026-01-03T00:00:00+00:00"), (3, "2026-01-02T00:00:00+00:00")]
 
@@ -178,3 +179,45 @@ def test_schema_check_ignores_nullability_but_not_nested_types():
     assert describe_schema_mismatch(table, nullable, [], []) is None
     nested = schema([pa.field("id", pa.int64()), pa.field("tags", pa.list_(pa.int32()))])
     assert "'tags'" in describe_schema_mismatch(table, nested, [], [])
+
+
+@pytest.mark.parametrize("name", ["sales 25 #1?+é", "50% off", "a%zz;b=c:d~&'@", "日本"])
+def test_apply_writes_a_table_whose_folder_name_needs_encoding(tmp_path, name):
+    canonical = canonical_table_uri(str(tmp_path / name))
+    folder = Path(local_path(canonical))
+    record = TableWriteRecord(canonical, WriteMode.APPEND,
+                              (data_file(folder, "a", [1, 2], "d1"),), SCHEMA, ("day",))
+    second = TableWriteRecord(canonical, WriteMode.APPEND,
+                              (data_file(folder, "b", [3], "d2"),), SCHEMA, ("day",))
+    for _ in range(2):
+        assert apply_table_write(record, app_id=APP, app_version=0, txn_id="a", commit_ts=10,
+                                 roots=[str(tmp_path)]) == 0
+        assert apply_table_write(second, app_id=APP, app_version=1, txn_id="b", commit_ts=11,
+                                 roots=[str(tmp_path)]) == 1
+    assert folder == tmp_path / name and ids(folder) == [(1, "d1"), (2, "d1"), (3, "d2")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("swapped", ["t", "t/_delta_log"])
+def test_apply_refuses_a_table_reached_through_a_symlink_swapped_in_after_the_check(
+        tmp_path, swapped):
+    wh, outside = tmp_path / "wh", tmp_path / "outside"
+    record = write(wh / "t", WriteMode.APPEND, [data_file(wh / "t", "a", [1], "d1")])
+    outside.mkdir()
+    if (wh / swapped).exists():
+        (wh / swapped).rename(tmp_path / "moved")
+    (wh / swapped).symlink_to(outside)
+    for roots in ([str(wh)], None):
+        with pytest.raises(UnsafeLocation, match="symlink"):
+            apply_table_write(record, app_id=APP, app_version=0, txn_id="a", commit_ts=10,
+                              roots=roots)
+    assert list(outside.iterdir()) == []
+
+
+def test_apply_with_roots_refuses_a_table_outside_every_root(tmp_path):
+    (tmp_path / "wh").mkdir()
+    record = write(tmp_path / "t", WriteMode.APPEND, [data_file(tmp_path / "t", "a", [1], "d1")])
+    with pytest.raises(UnsafeLocation, match="outside"):
+        apply_table_write(record, app_id=APP, app_version=0, txn_id="a", commit_ts=10,
+                          roots=[str(tmp_path / "wh")])
+    assert not (tmp_path / "t" / "_delta_log").exists()

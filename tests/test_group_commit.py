@@ -1,11 +1,15 @@
 """SqliteStore group commit: batches share one COMMIT, and nothing is durable before flush()."""
 
 import sqlite3
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from coordinator.store import SqliteStore
+from coordinator.oracle import TimestampOracle
+from coordinator.store import SqliteStore, sqlite
 from percolake.errors import StoreConflict
 from percolake.records import TxnRecord
 from percolake.states import TxnState
@@ -92,3 +96,73 @@ def test_without_group_commit_every_batch_is_durable_on_return(tmp_path):
     assert durable_ids(tmp_path) == {"a"}
     store.flush()  # a no-op
     store.close()
+
+
+class Stopped(Exception):
+    """Stands for the process exit of the store's fail-stop."""
+
+
+class FailingCommits:
+    """The store's connection, except that COMMIT fails as a full or broken disk would."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql.strip().upper() == "COMMIT":
+            raise sqlite3.OperationalError("disk I/O error")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+def durable_high_water(tmp_path) -> int:
+    with sqlite3.connect(tmp_path / "coordinator.db") as other:
+        rows = other.execute("SELECT value FROM meta WHERE key='ts_high_water'").fetchall()
+    return rows[0][0] if rows else 0
+
+
+def test_a_failed_high_water_commit_stops_the_process(tmp_path, monkeypatch):
+    stops: list[BaseException] = []
+
+    def fail_stop(path, exc: BaseException) -> None:
+        stops.append(exc)
+        raise Stopped from exc
+
+    monkeypatch.setattr(sqlite, "_fail_stop", fail_stop)
+    store = SqliteStore(tmp_path, group_commit=True)
+    clock = [1_000]
+    oracle = TimestampOracle(store, wall_ms=lambda: clock[0], window_ms=10)
+    handed_out = [oracle.next()]
+    store.insert_txn(txn("pending", 1))  # another batch of the group, not yet durable
+    real = store._conn
+    store._conn = FailingCommits(real)
+    clock[0] += 1_000  # past the window: the next timestamp needs a new mark
+    with pytest.raises(Stopped):
+        handed_out.append(oracle.next())
+    assert len(stops) == 1 and isinstance(stops[0], sqlite3.OperationalError)
+    assert len(handed_out) == 1 and oracle.last == handed_out[0]
+    assert max(handed_out) < durable_high_water(tmp_path)
+    store._conn = real
+    real.close()
+
+
+CHILD = """
+import sys
+from coordinator.oracle import TimestampOracle
+from coordinator.store import SqliteStore
+from tests.test_group_commit import FailingCommits
+store = SqliteStore(sys.argv[1], group_commit=True)
+store._conn = FailingCommits(store._conn)
+print(TimestampOracle(store).next(), flush=True)
+"""
+
+
+def test_the_fail_stop_of_a_high_water_commit_exits_the_process(tmp_path):
+    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True,
+                           text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert child.returncode == 70, child.stderr
+    assert child.stdout == ""  # no timestamp was handed out
+    assert "group commit" in child.stderr
+    assert durable_high_water(tmp_path) == 0

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from percolake.v1 import coordinator_pb2 as pb
-from tests.daemon_support import canonical, grpcurl_path, table_write
+from tests.daemon_support import canonical, grpcurl_path, report_applied, table_write
 
 GRPCURL = grpcurl_path()
 SERVICE = "percolake.v1.Coordinator"
@@ -57,8 +57,7 @@ def orders(served):
     stub.CommitTransaction(pb.CommitTransactionRequest(
         txn_id=applied.txn_id, writes=[table_write(t, applied.txn_id) for t in tables]),
         timeout=30)
-    stub.ReportApplied(pb.ReportAppliedRequest(txn_id=applied.txn_id, tables=[
-        pb.AppliedTable(table=t, delta_version=1) for t in tables]), timeout=30)
+    report_applied(stub, applied.txn_id)
     txns["APPLIED"] = applied.txn_id
     committed = open_(1)
     stub.CommitTransaction(pb.CommitTransactionRequest(txn_id=committed.txn_id, writes=[
@@ -141,4 +140,4 @@ def test_grpcurl_gets_a_snapshot(served, orders):
     assert int(shown["snapshot_ts"]) > 0
     versions = {t["table"]: (t.get("exists", False), int(t.get("delta_version", "0")))
                 for t in shown["tables"]}
-    assert versions == {tables[0]: (True, 1), tables[1]: (True, 1), tables[2]: (False, 0)}
+    assert versions == {tables[0]: (True, 0), tables[1]: (True, 0), tables[2]: (False, 0)}

@@ -132,3 +132,26 @@ def test_prune_survives_a_restart(tmp_path):
     assert reopened.get_txn(second.txn_id) is not None
     assert reopened.retention_floor_ts() == (later_ms - 24 * HOUR_MS) << LOGICAL_BITS
     reopened.close()
+
+
+@pytest.mark.parametrize("pinned", ["as_of_ts", "as_of_batch"])
+def test_prune_between_floor_check_and_index_read_refuses_time_travel(core, tmp_path, pinned):
+    a = str(tmp_path / "a")
+    done = [run_batch(core, tmp_path, "p", i, ["a"]) for i in range(4)]
+    later_ms = done[-1].updated_ms + 25 * HOUR_MS
+    read_floor = core.store.retention_floor_ts
+    pruned: list[tuple[int, int]] = []
+
+    def floor_then_prune() -> int:
+        """The floor is read, then a prune pass lands before the snapshot reads the index."""
+        floor = read_floor()
+        if not pruned:
+            pruned.append(core.prune_history(now_ms=later_ms))
+        return floor
+
+    core.store.retention_floor_ts = floor_then_prune
+    as_of = {"as_of_ts": {"as_of_ts": done[1].commit_ts},
+             "as_of_batch": {"as_of_batch": ("p", None, 1)}}[pinned]
+    with pytest.raises(FailedPrecondition, match="retention floor"):
+        core.get_snapshot([a], **as_of)
+    assert pruned and pruned[0][1] > 0  # the prune did delete the index row batch 1 needs

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import Schema, write_deltalake
 
+from percolake.lake import write_check
 from percolake.lake.delta_commit import apply_table_write
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 from sparkside import schema_check
@@ -31,14 +32,15 @@ def append(root: str, batch: int) -> None:
 
 @pytest.fixture
 def loads(monkeypatch):
+    """Every load of a table's log (the shared cache behind the checker does them)."""
     calls: list[str] = []
-    real = schema_check.table_layout
+    real = write_check.table_layout
 
     def counting(table):  # noqa: ANN001, ANN202
         calls.append(table)
         return real(table)
 
-    monkeypatch.setattr(schema_check, "table_layout", counting)
+    monkeypatch.setattr(write_check, "table_layout", counting)
     return calls
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from coordinator.store import MemoryStore, SqliteStore, TableCommit, TxnQuery
+from coordinator.store import IndexView, MemoryStore, SqliteStore, TableCommit, TxnQuery
 from percolake.errors import StoreConflict
 from percolake.records import (
     AddFileRecord,
@@ -104,6 +104,18 @@ def test_attempts_and_unfinished_and_listing(store):
     assert [t.txn_id for t in store.list_txns(window)] == ["b"]
 
 
+def test_newest_committed_batch_counts_only_committed_attempts(store):
+    assert store.newest_committed_batch("p", 0) is None
+    store.insert_txn(txn("a", 10, TxnState.APPLIED, batch=3))
+    store.insert_txn(txn("b", 20, TxnState.COMMITTED, batch=5))
+    store.insert_txn(txn("c", 30, TxnState.ABORTED, batch=9))
+    store.insert_txn(txn("d", 40, TxnState.OPEN, batch=8))
+    store.insert_txn(txn("e", 50, TxnState.APPLIED, pipeline="q", batch=12))
+    assert store.newest_committed_batch("p", 0) == 5
+    assert store.newest_committed_batch("p", 1) is None
+    assert store.newest_committed_batch("q", 0) == 12
+
+
 def test_snapshot_index_finds_the_newest_commit_at_or_below_a_timestamp(store):
     store.add_table_commit(TableCommit("file:///w/a", 10, "t1", None))
     store.add_table_commit(TableCommit("file:///w/a", 20, "t2", None))
@@ -114,6 +126,19 @@ def test_snapshot_index_finds_the_newest_commit_at_or_below_a_timestamp(store):
     assert store.unapplied_table_commits("file:///w/a", 19) == []
     with pytest.raises(StoreConflict):
         store.set_table_commit_version("file:///w/a", 11, 1)
+
+
+def test_index_view_reads_the_floor_with_the_rows(store):
+    for ts in (10, 20, 30):
+        store.add_table_commit(TableCommit("file:///w/a", ts, f"t{ts}", ts // 10))
+    view = store.table_commits_at(["file:///w/a", "file:///w/b"], 25)
+    assert view == IndexView(0, {"file:///w/a": TableCommit("file:///w/a", 20, "t20", 2),
+                                 "file:///w/b": None})
+    assert store.prune(cutoff_ms=0, floor_ts=30, limit=10) == (0, 2)
+    # The row a reader at 25 needs is gone: the view says so with the floor it returns.
+    assert store.table_commits_at(["file:///w/a"], 25) == IndexView(30, {"file:///w/a": None})
+    with store.batch():  # inside an open transaction the view is that transaction's
+        assert store.table_commits_at(["file:///w/a"], 30).floor_ts == 30
 
 
 def test_timestamp_high_water_round_trips(store):
@@ -133,3 +158,32 @@ def test_sqlite_store_runs_wal_with_full_sync(tmp_path):
     store = SqliteStore(tmp_path)
     assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_prune_is_not_starved_by_kept_rows_that_come_first(store):
+    limit = 10
+    kept = limit + 64 + 50  # more kept rows than the candidates SQLite used to look at
+    with store.batch():
+        for i in range(kept):  # each pipeline's only, so newest, committed batch: kept
+            store.insert_txn(txn(f"kept{i}", 10 + i, TxnState.APPLIED, pipeline=f"p{i}"))
+        for batch in range(limit + 5):  # a pipeline's older batches: prunable
+            store.insert_txn(txn(f"old{batch}", 10_000 + batch, TxnState.APPLIED,
+                                 pipeline="z", batch=batch))
+    store.flush()
+    assert store.prune(cutoff_ms=5000, floor_ts=0, limit=limit) == (limit, 0)
+    assert store.prune(cutoff_ms=5000, floor_ts=0, limit=limit) == (4, 0)
+    assert store.get_txn(f"old{limit + 4}") is not None  # z's newest committed batch stays
+    assert all(store.get_txn(f"kept{i}") is not None for i in range(kept))
+
+
+def test_prune_skips_the_keep_set_without_starving(store):
+    limit = 5
+    with store.batch():
+        for i in range(limit + 64 + 20):
+            store.insert_txn(txn(f"held{i}", 10 + i, TxnState.ABORTED))
+        for i in range(limit):
+            store.insert_txn(txn(f"gone{i}", 10_000 + i, TxnState.ABORTED))
+    held = frozenset(f"held{i}" for i in range(limit + 64 + 20))
+    assert store.prune(cutoff_ms=5000, floor_ts=0, limit=limit, keep=held) == (limit, 0)
+    assert all(store.get_txn(t) is not None for t in held)
+    assert all(store.get_txn(f"gone{i}") is None for i in range(limit))

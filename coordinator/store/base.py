@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from percolake.records import PipelineRecord, TxnRecord
@@ -29,6 +30,15 @@ class TableCommit:
     commit_ts: int
     txn_id: str
     delta_version: int | None
+
+
+@dataclass(frozen=True)
+class IndexView:
+    """The retention floor and, per table, its newest commit at or below a timestamp, all
+    read at one moment: a prune pass never falls between the floor and the rows."""
+
+    floor_ts: int
+    commits: dict[str, TableCommit | None]
 
 
 @dataclass
@@ -100,6 +110,10 @@ class Store(abc.ABC):
         """Every attempt of one logical transaction, oldest first."""
 
     @abc.abstractmethod
+    def newest_committed_batch(self, pipeline_id: str, generation: int) -> int | None:
+        """The highest batch id of the generation that committed (pruning always keeps it)."""
+
+    @abc.abstractmethod
     def unfinished_txns(self) -> list[TxnRecord]:
         """Transactions in OPEN, PREWRITTEN or COMMITTED: what a restart must load."""
 
@@ -116,6 +130,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
         """The newest commit to ``table`` with commit_ts <= max_commit_ts."""
+
+    @abc.abstractmethod
+    def table_commits_at(self, tables: Sequence[str], max_commit_ts: int) -> IndexView:
+        """The retention floor and ``table_commit_at(t, max_commit_ts)`` for each table, read
+        in one consistent view (one read transaction). A prune raises the floor together with
+        its deletions, so the rows answer exactly as before any prune whenever
+        ``max_commit_ts >= floor_ts``; below it they may be thinned and must not be used."""
 
     @abc.abstractmethod
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
+from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, TxnRecord
+from percolake.states import COMMITTED_STATES
 
 
 class MemoryStore(Store):
@@ -100,6 +101,12 @@ class MemoryStore(Store):
             return [t for t in self._all() if (t.pipeline_id, t.generation, t.batch_id)
                     == (pipeline_id, generation, batch_id)]
 
+    def newest_committed_batch(self, pipeline_id: str, generation: int) -> int | None:
+        with self._lock:
+            return max((t.batch_id for t in self._all() if t.pipeline_id == pipeline_id
+                        and t.generation == generation and t.state in COMMITTED_STATES),
+                       default=None)
+
     def unfinished_txns(self) -> list[TxnRecord]:
         with self._lock:
             return [t for t in self._all() if t.state in UNFINISHED_STATES]
@@ -142,6 +149,11 @@ class MemoryStore(Store):
         with self._lock:
             commits = self._commits_of(table, max_commit_ts)
             return commits[-1] if commits else None
+
+    def table_commits_at(self, tables: Sequence[str], max_commit_ts: int) -> IndexView:
+        with self._lock:
+            return IndexView(self._floor_ts,
+                             {t: self.table_commit_at(t, max_commit_ts) for t in tables})
 
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         with self._lock:

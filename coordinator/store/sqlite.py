@@ -19,10 +19,10 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from coordinator.store.base import UNFINISHED_STATES, Store, TableCommit, TxnQuery
+from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, TxnRecord
 
@@ -187,10 +187,7 @@ class SqliteStore(Store):
         try:
             with self._lock:
                 upto = self._ended
-                self._commit_group()
-        except BaseException as exc:  # the disk refused: memory may be ahead of it
-            _fail_stop(self.path, exc)
-            raise
+                self._commit_group_or_stop()
         finally:
             with self._flushed:
                 self._flushing = False
@@ -198,6 +195,14 @@ class SqliteStore(Store):
         with self._flushed:
             self._durable = max(self._durable, upto)
             self._flushed.notify_all()
+
+    def _commit_group_or_stop(self) -> None:
+        """COMMITs the open group transaction; if the disk refuses, the process stops."""
+        try:
+            self._commit_group()
+        except BaseException as exc:  # memory may be ahead of the disk: never go on
+            _fail_stop(self.path, exc)
+            raise
 
     def _commit_group(self) -> None:
         """COMMITs the open group transaction (under the lock); fsync under synchronous=FULL."""
@@ -234,7 +239,7 @@ class SqliteStore(Store):
             if self._group_commit and not self._depth:
                 # The mark is durable before any timestamp under it is handed out, whatever
                 # the group holds (committing other pending batches early is harmless).
-                self._commit_group()
+                self._commit_group_or_stop()
 
     def load_pipelines(self) -> list[PipelineRecord]:
         rows = self._read(f"SELECT {', '.join(_PIPELINE_COLUMNS)} FROM pipelines")
@@ -303,6 +308,13 @@ class SqliteStore(Store):
             "ORDER BY start_ts",
         )
 
+    def newest_committed_batch(self, pipeline_id: str, generation: int) -> int | None:
+        rows = self._read(
+            "SELECT batch_id FROM transactions WHERE pipeline_id = ? AND generation = ? "
+            "AND state IN ('COMMITTED', 'APPLIED') ORDER BY batch_id DESC LIMIT 1",
+            (pipeline_id, generation))
+        return rows[0]["batch_id"] if rows else None
+
     def unfinished_txns(self) -> list[TxnRecord]:
         states = tuple(s.value for s in UNFINISHED_STATES)
         return self._txns(f"state IN ({', '.join('?' * len(states))})", states, "ORDER BY start_ts")
@@ -353,6 +365,24 @@ class SqliteStore(Store):
         )
         return TableCommit(*rows[0]) if rows else None
 
+    def table_commits_at(self, tables: Sequence[str], max_commit_ts: int) -> IndexView:
+        with self._lock, self._read_view():
+            return IndexView(self.retention_floor_ts(),
+                             {t: self.table_commit_at(t, max_commit_ts) for t in tables})
+
+    @contextlib.contextmanager
+    def _read_view(self) -> Iterator[None]:
+        """One read transaction, under the lock; inside an open transaction, that one (its
+        own pending writes included, as every read of this connection sees them)."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._conn.execute("ROLLBACK")
+
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         rows = self._read(
             "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
@@ -367,34 +397,8 @@ class SqliteStore(Store):
 
     def prune(self, cutoff_ms: int, floor_ts: int, limit: int,
               keep: frozenset[str] = frozenset()) -> tuple[int, int]:
-        # Candidates come from the start_ts index, oldest first: a transaction is created
-        # before it is updated, so every candidate has start_ts below the cutoff's timestamp,
-        # and a pass over a store with nothing to prune reads only the few rows it keeps.
-        start_below = (cutoff_ms << 18) + 1
         with self._lock, self.batch():
-            rows = self._conn.execute(
-                "SELECT txn_id, pipeline_id, generation, batch_id, state FROM transactions "
-                "WHERE start_ts < ? AND state IN ('APPLIED', 'ABORTED') AND updated_ms < ? "
-                "AND created_ms < ? ORDER BY start_ts LIMIT ?",
-                (start_below, cutoff_ms, cutoff_ms, limit + len(keep) + 64)).fetchall()
-            newest: dict[tuple[str, int], int | None] = {}
-            doomed: list[str] = []
-            for txn_id, pipeline_id, generation, batch_id, state in rows:
-                if txn_id in keep:
-                    continue
-                if state == "APPLIED":
-                    key = (pipeline_id, generation)
-                    if key not in newest:
-                        found = self._conn.execute(
-                            "SELECT batch_id FROM transactions WHERE pipeline_id = ? AND "
-                            "generation = ? AND state IN ('APPLIED', 'COMMITTED') "
-                            "ORDER BY batch_id DESC LIMIT 1", key).fetchone()
-                        newest[key] = found[0] if found else None
-                    if newest[key] == batch_id:
-                        continue  # replays of the newest committed batch must still find it
-                doomed.append(txn_id)
-                if len(doomed) >= limit:
-                    break
+            doomed = self._prunable_txns(cutoff_ms, limit, keep)
             self._conn.executemany("DELETE FROM transactions WHERE txn_id = ?",
                                    [(t,) for t in doomed])
             index_rows = 0
@@ -411,6 +415,26 @@ class SqliteStore(Store):
                 "INSERT INTO meta VALUES ('retention_floor_ts', ?) ON CONFLICT(key) DO UPDATE "
                 "SET value = max(value, excluded.value)", (floor_ts,))
             return len(doomed), index_rows
+
+    def _prunable_txns(self, cutoff_ms: int, limit: int, keep: frozenset[str]) -> list[str]:
+        """The oldest ``limit`` prunable transactions (see ``Store.prune``), under the lock.
+
+        The query itself leaves out each (pipeline, generation)'s newest committed batch, so
+        kept rows never fill the candidates however many precede the prunable ones; only the
+        ``keep`` set is filtered here, and ``len(keep)`` extra rows cover it. Candidates come
+        from the start_ts index, oldest first: a transaction is created before it is updated,
+        so every candidate has start_ts below the cutoff's timestamp. The unary ``+`` keeps
+        the planner off the (state, created_ms) index, which would read and sort every old row.
+        """
+        rows = self._conn.execute(
+            "SELECT txn_id FROM transactions AS t WHERE start_ts < ? "
+            "AND +state IN ('APPLIED', 'ABORTED') AND updated_ms < ? AND +created_ms < ? "
+            "AND (state = 'ABORTED' OR EXISTS (SELECT 1 FROM transactions AS n "
+            "WHERE n.pipeline_id = t.pipeline_id AND n.generation = t.generation "
+            "AND n.batch_id > t.batch_id AND n.state IN ('APPLIED', 'COMMITTED'))) "
+            "ORDER BY start_ts LIMIT ?",
+            ((cutoff_ms << 18) + 1, cutoff_ms, cutoff_ms, limit + len(keep))).fetchall()
+        return [txn_id for (txn_id,) in rows if txn_id not in keep][:limit]
 
     def _tables_indexed(self) -> Iterator[str]:
         """Every table of the snapshot index, one index seek each (a skip-scan)."""

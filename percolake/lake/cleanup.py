@@ -1,19 +1,84 @@
-"""Deleting the files of aborted attempts: only a recorded ``<table>/_percolake/<txn_id>``."""
+"""Deleting the files of aborted attempts: only a recorded ``<table>/_percolake/<txn_id>``.
+
+The folder is reached from the real warehouse root one component at a time, never following a
+symlink (``O_NOFOLLOW``, then calls relative to the open folder), so a symlink swapped in after
+the name was checked makes the deletion refuse instead of reaching outside the warehouse.
+"""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Sequence
 
-from percolake.lake.warehouse import ATTEMPT_DIR, local_path
+from percolake.errors import InvalidArgument
+from percolake.lake.warehouse import ATTEMPT_DIR, UnsafeLocation, local_path, real_root_of
+
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
-def remove_attempt_files(write_location: str) -> None:
+def remove_attempt_files(write_location: str, *, roots: Sequence[str] | None = None) -> None:
     """Deletes one attempt's folder of data files; a missing folder is fine.
 
+    Args:
+        write_location: ``<canonical table>/_percolake/<txn_id>``.
+        roots: the warehouse roots; the folder must lie strictly below one of them (real paths,
+            now). None checks only the folder's shape and that no symlink is on its path.
+
     Raises:
-        AssertionError: the location is not an attempt folder (never delete anything else).
+        UnsafeLocation: not an attempt folder, outside the roots, or a symlink on the way:
+            nothing was deleted; log it and skip.
+        OSError: the deletion failed part-way; retrying later is safe.
     """
-    path = Path(local_path(write_location))
-    assert path.parent.name == ATTEMPT_DIR, f"refusing to delete {path}: not an attempt folder"
-    shutil.rmtree(path, ignore_errors=False) if path.exists() else None
+    try:
+        path = local_path(write_location)
+    except InvalidArgument as exc:
+        raise UnsafeLocation(f"refusing to delete {write_location!r}: {exc}") from None
+    root = real_root_of(path, roots)
+    parts = path[len(root):].strip("/").split("/")
+    if (len(parts) < 3 or parts[-2] != ATTEMPT_DIR or ATTEMPT_DIR in parts[:-2]
+            or any(p in ("", ".") for p in parts)):
+        raise UnsafeLocation(f"refusing to delete {path}: not a <table>/{ATTEMPT_DIR}/<txn_id> "
+                             "folder")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in parts[:-1]:
+            try:
+                child = os.open(name, _OPEN_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeLocation(f"refusing to delete {path}: {name} on its path is a "
+                                         "symlink or not a folder") from None
+                raise
+            os.close(fd)
+            fd = child
+        _remove_tree(fd, parts[-1], path)
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(parent_fd: int, name: str, path: str) -> None:
+    """Removes the folder ``name`` of ``parent_fd`` and everything in it, following no link."""
+    try:
+        if not stat.S_ISDIR(os.lstat(name, dir_fd=parent_fd).st_mode):
+            raise UnsafeLocation(f"refusing to delete {path}: it is a symlink or not a folder")
+        fd = os.open(name, _OPEN_DIR, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    try:
+        with os.scandir(fd) as entries:
+            for entry in list(entries):
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(fd, entry.name, f"{path}/{entry.name}")
+                else:
+                    with contextlib.suppress(FileNotFoundError):  # another cleaner was first
+                        os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=parent_fd)
+

@@ -12,8 +12,9 @@ import datetime
 import decimal
 import json
 import logging
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import unquote
@@ -23,7 +24,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from percolake.lake.warehouse import local_path
+from percolake.lake.warehouse import check_real_location, local_path
 from percolake.records import PartitionValues, TableWriteRecord, WriteMode
 
 log = logging.getLogger("percolake.delta")
@@ -46,15 +47,20 @@ def open_table(table_uri: str, version: int | None = None) -> DeltaTable | None:
 
 
 def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int, txn_id: str,
-                      commit_ts: int) -> int:
+                      commit_ts: int, roots: Sequence[str] | None = None) -> int:
     """Idempotently commits the prewritten add actions of ``write`` to its Delta table.
+
+    ``roots``: the warehouse roots the table's log must lie below (real paths, checked now);
+    with or without them, a symlink on the path to the table's ``_delta_log`` is refused.
 
     Returns:
         The Delta version that holds the write (the existing one if it was applied before).
 
     Raises:
         ApplyFailed: concurrent commits kept winning for MAX_ATTEMPTS tries.
+        UnsafeLocation: the table's log lies outside the roots or behind a symlink.
     """
+    check_real_location(os.path.join(local_path(write.table), "_delta_log"), roots)
     properties = CommitProperties(
         custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts)},
         max_commit_retries=0,
@@ -207,12 +213,32 @@ def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
     return False
 
 
+def is_commit_of(table_uri: str, version: int, txn_id: str, app_id: str,
+                 app_version: int) -> bool:
+    """Whether the table's commit at ``version`` is this transaction's secondary: its
+    commitInfo names ``txn_id`` and it carries the app transaction ``(app_id, app_version)``."""
+    try:
+        lines = commit_file(table_uri, version).read_text().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    names_txn = carries_app_txn = False
+    for line in lines:
+        action = json.loads(line) if line.strip() else {}
+        if "commitInfo" in action:
+            names_txn = action["commitInfo"].get(TXN_ID_KEY) == txn_id
+        elif "txn" in action:
+            txn = action["txn"]
+            carries_app_txn |= txn.get("appId") == app_id and txn.get("version") == app_version
+    return names_txn and carries_app_txn
+
+
 class TableLayout(NamedTuple):
     """What a write must fit: a table's schema and partition columns at a version."""
 
     version: int
     schema_json: str
     partition_columns: list[str]
+    append_only: bool = False  # delta.appendOnly: no remove may change data
 
 
 def table_layout(table_uri: str) -> TableLayout | None:
@@ -220,8 +246,10 @@ def table_layout(table_uri: str) -> TableLayout | None:
     table = open_table(table_uri)
     if table is None:
         return None
+    metadata = table.metadata()
+    append_only = str(metadata.configuration.get("delta.appendOnly")).lower() == "true"
     return TableLayout(table.version(), table.schema().to_json(),
-                       list(table.metadata().partition_columns))
+                       list(metadata.partition_columns), append_only)
 
 
 def commit_file(table_uri: str, version: int) -> Path:
@@ -229,9 +257,12 @@ def commit_file(table_uri: str, version: int) -> Path:
     return Path(local_path(table_uri)) / "_delta_log" / f"{version:020d}.json"
 
 
-def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str],
+def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str] | None,
                              existing_partitions: list[str]) -> str | None:
-    """A message naming the columns that differ, or None when the new write fits the table."""
+    """A message naming the columns that differ, or None when the new write fits the table.
+
+    ``partition_by`` must equal the table's partition columns; None takes the table's.
+    """
     existing = {f["name"]: f for f in json.loads(existing_json)["fields"]}
     new = {f["name"]: f for f in json.loads(new_json)["fields"]}
     problems = []
@@ -245,7 +276,7 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
         if _shape(existing[name]["type"]) != _shape(new[name]["type"]):
             problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "
                             f"table but {json.dumps(new[name]['type'])} in the batch")
-    if partition_by and list(partition_by) != list(existing_partitions):
+    if partition_by is not None and list(partition_by) != list(existing_partitions):
         problems.append(f"partitioned by {existing_partitions}, not {list(partition_by)}")
     return "; ".join(problems) or None
 

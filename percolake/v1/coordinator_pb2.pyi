@@ -160,18 +160,20 @@ class Pipeline(_message.Message):
     def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., last_commit_unix_ms: _Optional[int] = ..., resets: _Optional[_Iterable[_Union[PipelineReset, _Mapping]]] = ...) -> None: ...
 
 class PipelineReset(_message.Message):
-    __slots__ = ("from_generation", "to_generation", "reason", "reset_unix_ms", "previous_query_id")
+    __slots__ = ("from_generation", "to_generation", "reason", "reset_unix_ms", "previous_query_id", "bound_query_id")
     FROM_GENERATION_FIELD_NUMBER: _ClassVar[int]
     TO_GENERATION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     RESET_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    BOUND_QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     from_generation: int
     to_generation: int
     reason: str
     reset_unix_ms: int
     previous_query_id: str
-    def __init__(self, from_generation: _Optional[int] = ..., to_generation: _Optional[int] = ..., reason: _Optional[str] = ..., reset_unix_ms: _Optional[int] = ..., previous_query_id: _Optional[str] = ...) -> None: ...
+    bound_query_id: str
+    def __init__(self, from_generation: _Optional[int] = ..., to_generation: _Optional[int] = ..., reason: _Optional[str] = ..., reset_unix_ms: _Optional[int] = ..., previous_query_id: _Optional[str] = ..., bound_query_id: _Optional[str] = ...) -> None: ...
 
 class RegisterPipelineRequest(_message.Message):
     __slots__ = ("pipeline_id", "query_id")
@@ -420,16 +422,18 @@ class GetPipelineRequest(_message.Message):
     def __init__(self, pipeline_id: _Optional[str] = ...) -> None: ...
 
 class ResetPipelineRequest(_message.Message):
-    __slots__ = ("pipeline_id", "reason", "expected_generation", "require_idle")
+    __slots__ = ("pipeline_id", "reason", "expected_generation", "require_idle", "query_id")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_IDLE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     reason: str
     expected_generation: int
     require_idle: bool
-    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ..., require_idle: _Optional[bool] = ...) -> None: ...
+    query_id: str
+    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ..., require_idle: _Optional[bool] = ..., query_id: _Optional[str] = ...) -> None: ...
 
 class ResetPipelineResponse(_message.Message):
     __slots__ = ("pipeline", "changed", "aborted_txn_ids")

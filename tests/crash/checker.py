@@ -4,7 +4,7 @@ It trusts nothing it checks: the Delta tables are read with ``deltalake`` and th
 JSON (no percolake code), the coordinator through its public RPCs, and the data files by value.
 Each violation is a sentence naming the invariant, the table, the version and the transaction.
 
-What is checked (DESIGN.md):
+What is checked (docs/protocol.md):
 - I2 every committed logical batch appears in exactly one Delta version of each table it wrote,
   with exactly its rows (by value), and every expected batch is committed exactly once;
 - I3 no version of any table holds a file of a transaction that is not committed, and the
@@ -35,6 +35,7 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from percolake.lake.arrow_read import read_delta_table
 from percolake.v1 import coordinator_pb2 as pb
 from tests.crash import workload
 from tests.crash.rpc import COMMITTED_STATES, Client, state_name
@@ -409,7 +410,7 @@ class Checker:
                            f"({label}): duplicated/unexpected rows {_short(got - want)}, "
                            f"missing rows {_short(want - got)}")
         total = sum(len(r) for r in rows_by_txn.values())
-        seen = DeltaTable(table.path).to_pyarrow_table(columns=[table.columns[0]]).num_rows
+        seen = read_delta_table(str(table.path), columns=[table.columns[0]]).num_rows
         if seen != total:
             report.add("I2", f"{table.name}: deltalake reads {seen} rows, its files hold {total}")
 

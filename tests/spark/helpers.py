@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow
 from deltalake import DeltaTable
 
+from percolake.lake.arrow_read import read_delta_table
 from percolake.v1 import coordinator_pb2 as pb
 
 
@@ -32,8 +33,7 @@ def committed_batches(stub, pipeline: str) -> dict[int, pb.Transaction]:  # noqa
 
 
 def rows(table: Path, version: int | None = None) -> list[dict]:
-    dt = DeltaTable(str(table), version=version) if version is not None else DeltaTable(str(table))
-    return dt.to_pyarrow_table().to_pylist()
+    return read_delta_table(str(table), version).to_pylist()
 
 
 def files_of_every_version(table: Path) -> set[str]:

@@ -9,6 +9,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
+from percolake.lake.arrow_read import read_delta_table
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant, SchemaMismatch, TableNotWritten
 from tests.spark.helpers import committed_batches, transactions
@@ -91,7 +92,7 @@ def test_replay_of_a_committed_batch_skips_the_user_function(spark, lake_daemon,
     participant.run_batch(spark.range(3), 0, write)
     participant.run_batch(spark.range(3), 0, write)
     assert calls == [0]
-    assert DeltaTable(str(lake / "t")).to_pyarrow_table().num_rows == 3
+    assert read_delta_table(str(lake / "t")).num_rows == 3
 
 
 def test_heartbeats_keep_a_batch_longer_than_the_timeout_alive(spark, lake_daemon, lake):
@@ -109,7 +110,7 @@ def test_heartbeats_keep_a_batch_longer_than_the_timeout_alive(spark, lake_daemo
     participant.run_batch(spark.range(1), 0, slow)
     assert time.monotonic() - started > 3.0
     (committed,) = committed_batches(lake_daemon.stub, participant.pipeline_id).values()
-    assert committed.attempt == 1 and DeltaTable(table).to_pyarrow_table().num_rows == 1
+    assert committed.attempt == 1 and read_delta_table(table).num_rows == 1
 
 
 def test_a_table_declared_at_open_but_not_written_is_released_at_commit(
@@ -137,7 +138,7 @@ def test_a_table_declared_at_open_but_not_written_is_released_at_commit(
     assert DeltaTable(people).version() == 0 and DeltaTable(other).version() == 1
     third = Participant(lake_daemon.target, pipeline_id=f"release-next-{lake.name}")
     third.run_batch(spark.range(1), 0, lambda df, b, txn: txn.write(frame(spark, [3]), people))
-    assert sorted(r["id"] for r in DeltaTable(people).to_pyarrow_table().to_pylist()) == [1, 3]
+    assert sorted(r["id"] for r in read_delta_table(people).to_pylist()) == [1, 3]
 
 
 def test_an_expected_table_held_elsewhere_does_not_fail_a_batch_that_skips_it(

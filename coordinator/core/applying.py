@@ -1,0 +1,115 @@
+"""Secondaries: applied reports and roll-forward (Percolator lock resolution, I4)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from coordinator import validation
+from coordinator.core.state import CoreState, wall_ms
+from percolake.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from percolake.records import TxnRecord, delta_app_id
+from percolake.states import COMMITTED_STATES, TxnState, check_transition
+
+log = logging.getLogger("percolake.coordinator")
+
+
+class Applying(CoreState):
+    """ReportApplied and the coordinator's own roll-forward of commits."""
+
+    def report_applied(self, txn_id: str, epoch: int | None,
+                       versions: dict[str, int]) -> TxnRecord:
+        """Records finished secondaries; the transaction is APPLIED once every table is."""
+        validation.check_id("txn_id", txn_id)
+        validation.check_epoch(epoch)
+        if not versions:
+            raise InvalidArgument("report at least one table and its Delta version")
+        canonical: dict[str, int] = {}
+        for table, version in versions.items():
+            validation.check_non_negative("delta_version", version)
+            canonical[self._canonical(table)] = version
+        with self._lock:
+            txn = self._get(txn_id)
+            self._check_txn_caller(txn, epoch)
+            unverified = {t: v for t, v in canonical.items()
+                          if txn.state == TxnState.COMMITTED and t in txn.tables
+                          and not txn.tables[t].applied}
+        self._verify_applied(txn, unverified)
+        with self._lock:
+            return self._fresh(self._record_applied(self._get(txn_id), canonical))
+
+    def _verify_applied(self, txn: TxnRecord, versions: dict[str, int]) -> None:
+        """Refuses a reported version whose Delta commit is not this transaction's own."""
+        if self._applied_check is None:
+            return
+        app_id = delta_app_id(txn.pipeline_id, txn.generation)
+        for table, version in versions.items():
+            if not self._applied_check(table, version, txn.txn_id, app_id, txn.batch_id):
+                raise FailedPrecondition(
+                    f"Delta version {version} of {table} is not transaction {txn.txn_id}'s "
+                    f"commit (its log entry must name the transaction and carry app "
+                    f"transaction {app_id} version {txn.batch_id}); nothing was recorded")
+
+    def _roll_forward(self, txn_id: str, table: str, deadline: float) -> None:
+        """Applies a committed transaction's write to one table (Percolator lock resolution)."""
+        lock = self._table_apply_locks.setdefault(table, threading.Lock())
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise DeadlineExceeded(
+                f"timed out waiting to roll forward transaction {txn_id} on {table}")
+        try:
+            with self._lock:
+                txn = self._get(txn_id)
+                entry = txn.tables.get(table)
+                assert txn.state in COMMITTED_STATES and entry is not None and entry.write, (
+                    f"roll-forward of {txn_id} on {table} in state {txn.state}")
+                if entry.applied:
+                    return
+                write = entry.write
+            self.store.flush()  # never apply a commit that is not yet durable
+            if self._applier is None:
+                raise DeadlineExceeded(f"this coordinator cannot apply Delta commits ({table})")
+            version = self._applier(
+                write, app_id=delta_app_id(txn.pipeline_id, txn.generation),
+                app_version=txn.batch_id, txn_id=txn_id, commit_ts=txn.commit_ts,
+            )
+            with self._lock:
+                self._record_applied(self._get(txn_id), {table: version})
+            log.info("rolled forward", extra={"txn_id": txn_id, "table": table,
+                                              "delta_version": version})
+        finally:
+            lock.release()
+
+    def _record_applied(self, txn: TxnRecord, versions: dict[str, int]) -> TxnRecord:
+        if txn.state not in COMMITTED_STATES:
+            raise FailedPrecondition(
+                f"transaction {txn.txn_id} is {txn.state.value}; only a committed transaction "
+                "has secondaries to report")
+        updated = txn.copy()
+        changed: list[str] = []
+        for table, version in versions.items():
+            entry = updated.tables.get(table)
+            if entry is None:
+                raise InvalidArgument(f"transaction {txn.txn_id} did not write {table}")
+            if entry.applied:
+                if entry.delta_version != version:
+                    raise FailedPrecondition(
+                        f"{table} was reported applied at Delta version {entry.delta_version}, "
+                        f"not {version}")
+                continue
+            entry.delta_version = version
+            changed.append(table)
+        if not changed:
+            return txn
+        if all(e.applied for e in updated.tables.values()):
+            check_transition(updated.state, TxnState.APPLIED)
+            updated.state = TxnState.APPLIED
+        updated.updated_ms = wall_ms()
+        with self.store.batch():
+            self.store.update_txn(updated)
+            for table in changed:
+                self.store.set_table_commit_version(table, updated.commit_ts,
+                                                    versions[table])
+        self._track(updated)
+        self._changed.notify_all()
+        return updated

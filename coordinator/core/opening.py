@@ -1,0 +1,170 @@
+"""Opening attempts and declaring the tables they may write (table holds)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+
+from coordinator import validation
+from coordinator.core.state import CoreState, wall_ms
+from percolake.errors import Conflict, InvalidArgument
+from percolake.failpoints import fail_point
+from percolake.lake.warehouse import write_location
+from percolake.records import TableEntry, TxnRecord
+from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState
+
+log = logging.getLogger("percolake.coordinator")
+
+
+class Opening(CoreState):
+    """OpenTransaction and DeclareTables: a table is held by one live attempt."""
+
+    def open_transaction(
+        self,
+        pipeline_id: str,
+        batch_id: int,
+        epoch: int | None = None,
+        query_id: str | None = None,
+        tables: Iterable[str] = (),
+        timeout_ms: int = 0,
+    ) -> tuple[TxnRecord, bool]:
+        """Opens a new attempt of (pipeline, generation, batch), or answers the committed one.
+
+        Returns:
+            The transaction and whether the batch was already committed (then nothing is opened).
+        """
+        validation.check_id("pipeline_id", pipeline_id)
+        validation.check_non_negative("batch_id", batch_id)
+        validation.check_epoch(epoch)
+        validation.check_query_id(query_id)
+        if timeout_ms < 0:
+            raise InvalidArgument(f"timeout_ms must be >= 0, got {timeout_ms}")
+        canonical = self._resolve_tables(tables)
+        start_ts = self.oracle.next()
+        with self._lock:
+            current = self._pipelines.get(pipeline_id)
+            pipeline = current.copy() if current else self._new_pipeline(pipeline_id)
+            self._check_caller(pipeline, epoch, query_id)
+            attempts = self.store.attempts_of(pipeline_id, pipeline.generation, batch_id)
+            committed = [a for a in attempts if a.state in COMMITTED_STATES]
+            if committed:
+                assert len(committed) == 1, f"batch committed twice: {committed}"
+                return self._fresh(committed[0]), True
+            if query_id and not pipeline.query_id:
+                pipeline.query_id = query_id
+            superseded = [self._prepare_abort(self._unfinished[a.txn_id],
+                                              f"superseded by attempt {len(attempts) + 1}")
+                          for a in attempts if a.txn_id in self._unfinished
+                          and self._unfinished[a.txn_id].state in LIVE_STATES]
+            now = wall_ms()
+            txn = TxnRecord(
+                txn_id=uuid.uuid4().hex, pipeline_id=pipeline_id,
+                generation=pipeline.generation, batch_id=batch_id, attempt=len(attempts) + 1,
+                epoch=pipeline.epoch if epoch is not None else 0, query_id=query_id or "",
+                state=TxnState.OPEN, start_ts=start_ts, created_ms=now, updated_ms=now,
+            )
+            # Free tables are declared in the attempt's first durable write; held ones go
+            # through _declare below (roll-forward, expiry or a bounded wait).
+            for table in self._free_tables(canonical, {old.txn_id for old in superseded}):
+                txn.tables[table] = TableEntry(table, write_location(table, txn.txn_id))
+            with self.store.batch():
+                if current is None or pipeline.query_id != current.query_id:
+                    self._persist_pipeline(pipeline, current)
+                for old in superseded:
+                    self.store.update_txn(old)
+                self.store.insert_txn(txn)
+            self._pipelines[pipeline_id] = pipeline
+            for old in superseded:
+                self._track(old)
+            self._track(txn, timeout_ms)
+            self._changed.notify_all()
+        self._clean_up(superseded)
+        fail_point("after-open")
+        if len(txn.tables) < len(canonical):
+            self._declare(txn.txn_id, epoch, canonical)
+            txn = self.get_transaction(txn.txn_id)
+        return self._fresh(txn), False
+
+    def declare_tables(self, txn_id: str, epoch: int | None, tables: Iterable[str]) -> TxnRecord:
+        """Durably records that the attempt may write these tables, taking each table's hold.
+
+        Raises:
+            Conflict: a table stayed held by another live transaction for conflict_wait_s.
+        """
+        validation.check_id("txn_id", txn_id)
+        validation.check_epoch(epoch)
+        self._declare(txn_id, epoch, self._resolve_tables(tables))
+        return self.get_transaction(txn_id)
+
+    def _declare(self, txn_id: str, epoch: int | None, canonical: list[str]) -> None:
+        """Takes the holds of already canonical tables: every free one in one durable write,
+        then each held one as ``_acquire_table`` resolves it."""
+        deadline = time.monotonic() + self.config.conflict_wait_s
+        self._acquire_free_tables(txn_id, epoch, canonical)
+        for table in canonical:
+            self._acquire_table(txn_id, epoch, table, deadline)
+
+    def _free_tables(self, tables: Iterable[str], leaving: Iterable[str] = ()) -> list[str]:
+        """The tables no live transaction holds, counting holders in ``leaving`` as gone."""
+        gone = set(leaving)
+        return [t for t in tables if (holder := self._holders.get(t, "")) in gone
+                or self._unfinished.get(holder) is None]
+
+    def _acquire_free_tables(self, txn_id: str, epoch: int | None, tables: list[str]) -> None:
+        """Takes, in one durable write, the hold of every table nobody holds; leaves the rest
+        (and every refusal) to ``_acquire_table``."""
+        with self._lock:
+            txn = self._get(txn_id)
+            new = [t for t in tables if t not in txn.tables]
+            if len(new) < 2 or txn.state not in LIVE_STATES:
+                return
+            txn = self._live_txn_for_update(txn_id, epoch)
+            free = self._free_tables(new)
+            if not free:
+                return
+            updated = txn.copy()
+            for table in free:
+                updated.tables[table] = TableEntry(table, write_location(table, txn_id))
+            updated.updated_ms = wall_ms()
+            self.store.update_txn(updated)
+            self._track(updated)
+
+    def _acquire_table(self, txn_id: str, epoch: int | None, table: str, deadline: float) -> None:
+        """Takes the table's hold for txn_id, resolving a committed or expired holder first."""
+        while True:
+            roll_forward: str | None = None
+            expired: list[TxnRecord] = []
+            with self._lock:
+                txn = self._get(txn_id)
+                if table in txn.tables and txn.state != TxnState.ABORTED:
+                    self._check_txn_caller(txn, epoch)
+                    return
+                txn = self._live_txn_for_update(txn_id, epoch)
+                holder_id = self._holders.get(table)
+                holder = self._unfinished.get(holder_id) if holder_id else None
+                if holder is None:
+                    updated = txn.copy()
+                    updated.tables[table] = TableEntry(table, write_location(table, txn_id))
+                    updated.updated_ms = wall_ms()
+                    self.store.update_txn(updated)
+                    self._track(updated)
+                    return
+                if holder.state == TxnState.COMMITTED:
+                    roll_forward = holder.txn_id
+                elif self._deadlines.get(holder.txn_id, 0) <= self._monotonic():
+                    expired.append(self._expire(holder))
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise Conflict(
+                            f"table {table} is held by transaction {holder.txn_id} (pipeline "
+                            f"{holder.pipeline_id!r}, batch {holder.batch_id}, "
+                            f"{holder.state.value}); gave up after "
+                            f"{self.config.conflict_wait_s:.0f} s"
+                        )
+                    self._changed.wait(min(remaining, 0.5))
+            self._clean_up(expired)
+            if roll_forward is not None:
+                self._roll_forward(roll_forward, table, deadline)

@@ -1,0 +1,209 @@
+"""The shared state of the coordinator core: configuration, in-memory view, the store."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from coordinator import validation
+from coordinator.oracle import TimestampOracle
+from coordinator.store.base import Store, TxnQuery
+from percolake.errors import NotFound, ResourceExhausted
+from percolake.lake.cleanup import remove_attempt_files
+from percolake.lake.warehouse import Warehouse
+from percolake.records import TableWriteRecord, TxnRecord
+from percolake.states import LIVE_STATES, TxnState
+
+log = logging.getLogger("percolake.coordinator")
+
+Applier = Callable[..., int]
+# (table, delta_version, txn_id, app_id, app_version) -> whether that Delta commit is the txn's
+AppliedCheck = Callable[[str, int, str, str, int], bool]
+# Raises InvalidArgument / FailedPrecondition for a write intent whose apply could fail (I10)
+WriteCheck = Callable[[TableWriteRecord], None]
+RESOLVE_CACHE_S = 1.0
+SWEEP_INTERVAL_S = 30.0
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class CoordinatorConfig:
+    """Tunables of the coordinator; the CLI exposes each as a flag."""
+
+    warehouse_roots: list[str]
+    txn_timeout_s: float = 120.0
+    conflict_wait_s: float = 10.0
+    snapshot_wait_s: float = 30.0
+    roll_forward_after_s: float = 10.0
+    resolver_interval_s: float = 1.0
+    max_intent_bytes: int = 16 * 1024 * 1024
+    # APPLIED and ABORTED transactions older than this are pruned (0: keep everything); see
+    # prune_history for what is always kept.
+    retention_hours: float = 168.0
+    retention_interval_s: float = 600.0
+
+
+@dataclass
+class Snapshot:
+    snapshot_ts: int
+    versions: dict[str, int | None]  # canonical table -> Delta version (None: never written)
+
+
+class CoreState:
+    """The state every request family works on, and the helpers all of them share.
+
+    One lock guards the in-memory view (pipelines, unfinished transactions, deadlines, table
+    holds, pending cleanups); it always matches the durable records just written (``_track``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: CoordinatorConfig,
+        applier: Applier | None = None,
+        remove_files: Callable[[str], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        applied_check: AppliedCheck | None = None,
+        write_check: WriteCheck | None = None,
+    ) -> None:
+        """``monotonic`` drives transaction expiry only; waits always use real time.
+        ``applied_check`` verifies reported Delta versions against the tables' logs;
+        ``write_check`` checks, under the table hold and before the commit point, everything
+        that could make a write's apply fail."""
+        self.store = store
+        self.config = config
+        self.warehouse = Warehouse(config.warehouse_roots)
+        self.oracle = TimestampOracle(store)
+        self._applier = applier
+        self._applied_check = applied_check
+        self._write_check = write_check
+        # cleanup re-checks the warehouse roots on the real path as it deletes (no escape)
+        self._remove_files = remove_files or functools.partial(
+            remove_attempt_files, roots=self.warehouse.roots)
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._table_apply_locks: dict[str, threading.Lock] = {}
+        self._pipelines = {p.pipeline_id: p for p in store.load_pipelines()}
+        self._unfinished: dict[str, TxnRecord] = {}
+        self._deadlines: dict[str, float] = {}
+        self._timeouts: dict[str, float] = {}
+        self._holders: dict[str, str] = {}
+        self._pending_cleanup: set[str] = set()
+        self._resolved: dict[str, tuple[str, float]] = {}
+        # Monotonic times of commits (for the roll-forward delay and require_idle). Across a
+        # restart only wall-clock times survive: count what was committed as committed now.
+        self._committed_at: dict[str, float] = {}
+        # (pipeline, generation) -> its highest committed batch id, loaded on first use
+        self._newest_batch: dict[tuple[str, int], int] = {}
+        self._last_commit_at = {p.pipeline_id: monotonic() for p in self._pipelines.values()
+                                if p.last_commit_ms}
+        for txn in store.unfinished_txns():
+            self._track(txn)
+        self._stop = threading.Event()
+        self._resolver: threading.Thread | None = None
+
+    def start_background(self) -> None:
+        """Starts the resolver: expires stale attempts, rolls forward orphaned commits (I4)."""
+        self._resolver = threading.Thread(target=self._resolve_loop, name="resolver", daemon=True)
+        self._resolver.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._resolver is not None:
+            self._resolver.join(timeout=30)
+
+    def get_transaction(self, txn_id: str) -> TxnRecord:
+        validation.check_id("txn_id", txn_id)
+        with self._lock:
+            return self._fresh(self._get(txn_id))
+
+    def list_transactions(self, query: TxnQuery) -> list[TxnRecord]:
+        if query.pipeline_id:
+            validation.check_id("pipeline_id", query.pipeline_id)
+        for name in ("generation", "batch_id"):
+            value = getattr(query, name)
+            if value is not None:
+                validation.check_non_negative(name, value)
+        return self.store.list_txns(query)
+
+    def resolve_table(self, table: str) -> str:
+        return self._canonical(table)
+
+    def wait_durable(self) -> None:
+        """Returns once every state change made so far is on stable storage; called before
+        every reply (I8), it lets the store commit concurrent requests' writes together."""
+        self.store.flush()
+
+    def _get(self, txn_id: str) -> TxnRecord:
+        txn = self._unfinished.get(txn_id) or self.store.get_txn(txn_id)
+        if txn is None:
+            raise NotFound(f"no transaction {txn_id!r}")
+        return txn
+
+    def _fresh(self, txn: TxnRecord) -> TxnRecord:
+        return txn.copy()
+
+    def _track(self, txn: TxnRecord, timeout_ms: int = 0) -> None:
+        """Makes the in-memory view match the durable record just written."""
+        for table, entry in txn.tables.items():
+            if entry.applied or txn.state == TxnState.ABORTED:  # the hold ends here
+                if self._holders.get(table) == txn.txn_id:
+                    del self._holders[table]
+            else:
+                holder = self._holders.setdefault(table, txn.txn_id)
+                assert holder == txn.txn_id, f"{table} held by both {holder} and {txn.txn_id}"
+        if txn.state == TxnState.COMMITTED:
+            self._committed_at.setdefault(txn.txn_id, self._monotonic())
+        if txn.state in (TxnState.APPLIED, TxnState.ABORTED):
+            self._committed_at.pop(txn.txn_id, None)
+            self._unfinished.pop(txn.txn_id, None)
+            self._deadlines.pop(txn.txn_id, None)
+            self._timeouts.pop(txn.txn_id, None)
+            if txn.state == TxnState.ABORTED and txn.tables:
+                self._pending_cleanup.add(txn.txn_id)
+            return
+        self._unfinished[txn.txn_id] = txn
+        if txn.state in LIVE_STATES and txn.txn_id not in self._deadlines:
+            timeout = timeout_ms / 1000 if timeout_ms else self.config.txn_timeout_s
+            self._timeouts[txn.txn_id] = timeout
+            self._deadlines[txn.txn_id] = self._monotonic() + timeout
+        elif txn.state not in LIVE_STATES:
+            self._deadlines.pop(txn.txn_id, None)
+            self._timeouts.pop(txn.txn_id, None)
+
+    def _canonical(self, uri: str) -> str:
+        """``Warehouse.resolve`` memoised for RESOLVE_CACHE_S per spelling.
+
+        Following symlinks walks every path component (a system call each) and was the largest
+        CPU cost of a request; a canonical form is re-derived at most once a second, so a
+        symlink changed under a warehouse root takes effect within that second. Refusals are
+        never cached.
+        """
+        now = time.monotonic()
+        hit = self._resolved.get(uri)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        canonical = self.warehouse.resolve(uri)
+        if len(self._resolved) >= 4096:
+            self._resolved.clear()
+        self._resolved[uri] = (canonical, now + RESOLVE_CACHE_S)
+        return canonical
+
+    def _resolve_tables(self, tables: Iterable[str]) -> list[str]:
+        canonical: list[str] = []
+        for table in tables:
+            resolved = self._canonical(table)
+            if resolved not in canonical:
+                canonical.append(resolved)
+        if len(canonical) > validation.MAX_TABLES:
+            raise ResourceExhausted(
+                f"{len(canonical)} tables in one request; at most {validation.MAX_TABLES}")
+        return canonical

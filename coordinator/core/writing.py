@@ -1,0 +1,288 @@
+"""Write intents, the commit point, aborts and heartbeats of an attempt."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from coordinator import validation
+from coordinator.core.state import CoreState, wall_ms
+from coordinator.store.base import TableCommit
+from percolake.errors import FailedPrecondition, InvalidArgument, TransactionAborted
+from percolake.failpoints import fail_point
+from percolake.records import TableEntry, TableWriteRecord, TxnRecord
+from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
+
+log = logging.getLogger("percolake.coordinator")
+
+
+class Writing(CoreState):
+    """Prewrite, CommitTransaction, AbortTransaction, Heartbeat."""
+
+    def prewrite(self, txn_id: str, epoch: int | None,
+                 writes: list[TableWriteRecord]) -> TxnRecord:
+        """Records durable write intents; each table is declared first if it was not."""
+        validation.check_id("txn_id", txn_id)
+        validation.check_epoch(epoch)
+        if not writes:
+            raise InvalidArgument("prewrite needs at least one table write")
+        checked = self._check_writes(txn_id, writes)
+        with self._lock:
+            txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
+            if self._holds_writes(txn, checked):
+                return self._fresh(txn)  # a retry: already recorded, change nothing
+            if txn.state in COMMITTED_STATES:
+                raise FailedPrecondition(f"transaction {txn_id} is already committed")
+            self._refuse_different_prewrite(txn, checked)  # before declaring anything
+        self._declare(txn_id, epoch, [w.table for w in checked])
+        self._check_applicable(checked)
+        with self._lock:
+            txn = self._live_txn_for_update(txn_id, epoch)
+            updated = self._with_writes(txn, checked)
+            check_transition(txn.state, TxnState.PREWRITTEN)
+            updated.state = TxnState.PREWRITTEN
+            self.store.update_txn(updated)
+            self._track(updated)
+            return self._fresh(updated)
+
+    def commit(
+        self,
+        txn_id: str,
+        epoch: int | None,
+        tables: Iterable[str] = (),
+        writes: list[TableWriteRecord] | None = None,
+        release_unwritten: bool = False,
+    ) -> TxnRecord:
+        """The commit point: one durable write makes every table of the transaction visible.
+
+        Args:
+            txn_id: the attempt.
+            epoch: the caller's epoch (fencing), None for an unregistered pipeline.
+            tables: every table the caller wrote; each must have its prewrite.
+            writes: write intents recorded first, as a Prewrite would (prewrite + commit in
+                one call).
+            release_unwritten: declared tables without a write leave the transaction in the
+                commit's durable write, and their attempt folders are deleted afterwards;
+                without it such a table refuses the commit.
+        """
+        validation.check_id("txn_id", txn_id)
+        validation.check_epoch(epoch)
+        named = self._resolve_tables(tables)
+        checked: list[TableWriteRecord] = []
+        if writes:
+            checked = self._check_writes(txn_id, writes)
+            with self._lock:
+                txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
+                undeclared = any(w.table not in txn.tables for w in checked)
+            if undeclared:  # a full prewrite first: it takes the missing holds, maybe waiting
+                self.prewrite(txn_id, epoch, writes)
+                checked = []
+            elif not self._holds_writes(txn, checked):  # not a retry of recorded intents
+                self._check_applicable(checked)
+        released: list[TableEntry] = []
+        with self._lock:
+            txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
+            if txn.state in COMMITTED_STATES:
+                if not self._holds_writes(txn, checked):
+                    raise FailedPrecondition(f"transaction {txn_id} is already committed")
+                return self._fresh(txn)  # idempotent: a retried commit answers the same
+            if checked:  # the intents join the commit's own durable write
+                txn = self._with_writes(txn, checked)
+                check_transition(txn.state, TxnState.PREWRITTEN)
+                txn.state = TxnState.PREWRITTEN
+            missing = [t for t in named if t not in txn.tables or not txn.tables[t].prewritten]
+            unwritten = [t for t, e in txn.tables.items() if not e.prewritten]
+            if release_unwritten and not missing:
+                released = [txn.tables[t] for t in unwritten]
+                unwritten = []
+            if missing or unwritten:
+                if checked:  # the intents stay recorded, as a separate Prewrite would leave them
+                    self.store.update_txn(txn)
+                    self._track(txn)
+                raise FailedPrecondition(
+                    f"transaction {txn_id} cannot commit: no prewrite for "
+                    f"{', '.join(sorted(set(missing) | set(unwritten)))}; prewrite or abort it"
+                )
+            self._check_batch_order(txn)
+            fail_point("before-commit-durable")
+            # Taken under the lock with its durable write, so a snapshot never sees a ts above
+            # a commit that is not yet durable.
+            commit_ts = self.oracle.next()
+            updated = txn.copy()
+            for entry in released:
+                del updated.tables[entry.table]
+            target = TxnState.COMMITTED if updated.tables else TxnState.APPLIED
+            check_transition(txn.state, target)
+            updated.state = target
+            updated.commit_ts = commit_ts
+            updated.updated_ms = wall_ms()
+            pipeline = self._pipelines[txn.pipeline_id].copy()
+            current_generation = pipeline.generation == txn.generation
+            if current_generation:
+                pipeline.last_commit_ms = updated.updated_ms
+            with self.store.batch():
+                self.store.update_txn(updated)
+                for table in updated.tables:
+                    self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None))
+                self.store.update_pipeline(pipeline)
+            self._pipelines[pipeline.pipeline_id] = pipeline
+            if current_generation:
+                self._last_commit_at[pipeline.pipeline_id] = self._monotonic()
+            key = (txn.pipeline_id, txn.generation)
+            self._newest_batch[key] = max(self._newest_batch.get(key, -1), txn.batch_id)
+            for entry in released:
+                if self._holders.get(entry.table) == txn_id:
+                    del self._holders[entry.table]
+            self._track(updated)
+            self._changed.notify_all()
+        self.wait_durable()  # the servicer would wait too; C5 must come after the fsync
+        self._remove_released(txn_id, released)
+        fail_point("after-commit-durable-before-reply")
+        log.info("committed", extra={"txn_id": txn_id, "commit_ts": commit_ts,
+                                     "tables": len(updated.tables)})
+        return self._fresh(updated)
+
+    def abort(self, txn_id: str, epoch: int | None, reason: str = "") -> TxnRecord:
+        """Aborts an OPEN or PREWRITTEN attempt and deletes its files; idempotent."""
+        validation.check_id("txn_id", txn_id)
+        validation.check_epoch(epoch)
+        validation.check_text("reason", reason, 1000)
+        with self._lock:
+            txn = self._get(txn_id)
+            self._check_txn_caller(txn, epoch)
+            if txn.state == TxnState.ABORTED:
+                return self._fresh(txn)
+            if txn.state in COMMITTED_STATES:
+                raise FailedPrecondition(
+                    f"transaction {txn_id} is committed (commit_ts {txn.commit_ts}): "
+                    "a committed transaction is never aborted"
+                )
+            aborted = self._prepare_abort(txn, reason or "aborted by request")
+            self.store.update_txn(aborted)
+            self._track(aborted)
+            self._changed.notify_all()
+        self._clean_up([aborted])
+        return self._fresh(aborted)
+
+    def heartbeat(self, txn_id: str, epoch: int | None) -> tuple[TxnState, int]:
+        """Extends an OPEN or PREWRITTEN transaction's deadline.
+
+        Returns:
+            The state and the milliseconds left before it expires (0 when not live).
+        """
+        validation.check_id("txn_id", txn_id)
+        validation.check_epoch(epoch)
+        expired: list[TxnRecord] = []
+        with self._lock:
+            txn = self._get(txn_id)
+            self._check_txn_caller(txn, epoch)  # fencing first, whatever the state
+            if txn.state in LIVE_STATES:
+                if self._deadlines[txn_id] <= self._monotonic():
+                    expired.append(self._expire(txn))
+                    txn = expired[-1]
+                else:
+                    timeout = self._timeouts[txn_id]
+                    self._deadlines[txn_id] = self._monotonic() + timeout
+                    return txn.state, int(timeout * 1000)
+        self._clean_up(expired)
+        return txn.state, 0
+
+    def _check_batch_order(self, txn: TxnRecord) -> None:
+        """Batch ids of a generation commit in increasing order: a table's Delta app
+        transaction version is the batch id, so an apply skips any batch below one it holds."""
+        key = (txn.pipeline_id, txn.generation)
+        if key not in self._newest_batch:
+            newest = self.store.newest_committed_batch(*key)
+            self._newest_batch[key] = -1 if newest is None else newest
+        if txn.batch_id < self._newest_batch[key]:
+            raise FailedPrecondition(
+                f"batch {txn.batch_id} of pipeline {txn.pipeline_id!r} generation "
+                f"{txn.generation} cannot commit after batch {self._newest_batch[key]}: the "
+                "batches of a generation commit in increasing order (a checkpoint restored "
+                "from a backup? start a new generation with reset-pipeline)")
+
+    def _check_applicable(self, writes: list[TableWriteRecord]) -> None:
+        """I10: refuses, before the commit point, a write whose apply could fail. Called with
+        the tables held (no protocol writer can change them) and outside the lock (file I/O)."""
+        if self._write_check is not None:
+            for write in writes:
+                self._write_check(write)
+
+    def _check_writes(self, txn_id: str, writes: list[TableWriteRecord]) -> list[TableWriteRecord]:
+        checked: list[TableWriteRecord] = []
+        seen: set[str] = set()
+        for write in writes:
+            table = self._canonical(write.table)
+            if table in seen:
+                raise InvalidArgument(f"table {write.table} appears twice in one prewrite")
+            seen.add(table)
+            validation.check_table_write(write, txn_id, self.config.max_intent_bytes)
+            checked.append(TableWriteRecord(
+                table=table, mode=write.mode, add_files=write.add_files,
+                schema_json=write.schema_json, partition_by=write.partition_by,
+                replace_partitions=write.replace_partitions,
+            ))
+        return checked
+
+    def _refuse_different_prewrite(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:
+        for write in writes:
+            entry = txn.tables.get(write.table)
+            if entry is not None and entry.write is not None and entry.write != write:
+                raise FailedPrecondition(
+                    f"table {write.table} already has a different prewrite in transaction "
+                    f"{txn.txn_id}; abort and retry the batch"
+                )
+
+    def _with_writes(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> TxnRecord:
+        self._refuse_different_prewrite(txn, writes)
+        updated = txn.copy()
+        for write in writes:
+            updated.tables[write.table].write = write
+        updated.updated_ms = wall_ms()
+        return updated
+
+    @staticmethod
+    def _holds_writes(txn: TxnRecord, writes: list[TableWriteRecord]) -> bool:
+        """Whether ``txn`` already records exactly these intents (a retried request)."""
+        return all(txn.tables.get(w.table) and txn.tables[w.table].write == w for w in writes)
+
+    def _live_txn_for_update(self, txn_id: str, epoch: int | None,
+                             allow_committed: bool = False) -> TxnRecord:
+        txn = self._get(txn_id)
+        if txn.state == TxnState.ABORTED and txn.tables:
+            # A late writer (a zombie's executors, a resumed driver) may have added files
+            # after the cleanup: delete the folders again.
+            self._pending_cleanup.add(txn_id)
+        self._check_txn_caller(txn, epoch)  # fencing first: a zombie learns nothing else
+        if txn.state == TxnState.ABORTED:
+            raise TransactionAborted(
+                f"transaction {txn_id} was aborted ({txn.abort_reason}); retry the batch")
+        if txn.state in COMMITTED_STATES and allow_committed:
+            return txn
+        if txn.state not in LIVE_STATES:
+            raise FailedPrecondition(f"transaction {txn_id} is {txn.state.value}")
+        if self._deadlines[txn_id] <= self._monotonic():
+            timeout = self._timeouts.get(txn_id, self.config.txn_timeout_s)
+            expired = self._expire(txn)
+            self._pending_cleanup.add(expired.txn_id)
+            raise TransactionAborted(
+                f"transaction {txn_id} expired (no heartbeat for {timeout:g} s) and was "
+                "aborted; retry the batch")
+        return txn
+
+    def _prepare_abort(self, txn: TxnRecord, reason: str) -> TxnRecord:
+        check_transition(txn.state, TxnState.ABORTED)
+        aborted = txn.copy()
+        aborted.state = TxnState.ABORTED
+        aborted.abort_reason = reason
+        aborted.updated_ms = wall_ms()
+        return aborted
+
+    def _expire(self, txn: TxnRecord) -> TxnRecord:
+        timeout = self._timeouts.get(txn.txn_id, self.config.txn_timeout_s)
+        aborted = self._prepare_abort(txn, f"expired: no heartbeat within {timeout:g} s")
+        self.store.update_txn(aborted)
+        self._track(aborted)
+        self._changed.notify_all()
+        log.warning("transaction expired", extra={"txn_id": txn.txn_id})
+        return aborted

@@ -1,0 +1,250 @@
+"""Refusing, before the commit point, a write intent its Delta apply could not make (I10).
+
+The coordinator calls ``WriteChecker.check`` for each table write while it holds the table and
+before the durable write that commits it, so nothing can fail after COMMITTED. What is checked is
+what ``apply_table_write`` (delta-rs 1.6) really does, measured:
+
+- It commits with ``create_write_transaction(mode="append")`` plus explicit removes, which never
+  changes a table's metadata: a batch with other columns is committed under the old schema and
+  its columns read as nulls. So append, overwrite_partitions *and overwrite* must fit the table's
+  current schema (``describe_schema_mismatch``) and exactly its partition columns; a table that
+  does not exist yet is created with the write's schema and partition columns, which must be
+  usable (delta-rs refuses partition columns missing from the schema or named twice).
+- Add paths are the files' literal paths below the table root (delta-rs percent-encodes them
+  in the log itself); a missing file or one of another size is committed without complaint
+  and breaks every read; a ``.`` segment makes delta-rs name another file.
+- delta-kernel parses every partition value with its column's type at commit; one that does not
+  parse fails the apply for ever. The kernel itself decides: unseen values are committed once
+  to a throwaway in-memory table, and the verdict is remembered.
+- Removes (overwrites) on a ``delta.appendOnly`` table fail.
+
+Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that does not fit
+the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import uuid
+from typing import Any
+
+from deltalake import Schema
+from deltalake.transaction import AddAction, create_table_with_add_actions
+
+from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake.lake.delta_commit import (
+    TableLayout,
+    commit_file,
+    describe_schema_mismatch,
+    table_layout,
+)
+from percolake.lake.warehouse import local_path
+from percolake.records import TableWriteRecord, WriteMode
+
+MAX_NAMED = 5  # files named in one refusal
+MAX_REMEMBERED = 100_000  # partition value verdicts kept
+
+_FileId = tuple[int, int, int]
+
+
+class LayoutCache:
+    """Each table's layout, loaded with delta-rs (tens of ms) only when its log may change it.
+
+    A layout is kept with the version it is valid at and the identity of that version's commit
+    file. A lookup reads the commit files after it (usually just the previous batch's own) and
+    moves the version on; only a ``metaData`` action, an unreadable commit file, or the cached
+    one replaced (table re-created) or gone (log cleanup) loads the log again. Safe to share
+    between threads: a race at worst loads twice.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[TableLayout, _FileId]] = {}
+
+    def get(self, table: str) -> TableLayout | None:
+        """The table's current layout, None if it does not exist."""
+        entry = self._entries.get(table)
+        if entry is not None:
+            current = _advance(table, *entry)
+            if current is not None:
+                self._entries[table] = current
+                return current[0]
+        elif not commit_file(table, 0).parent.is_dir():
+            return None
+        layout = table_layout(table)
+        file_id = _file_id(commit_file(table, layout.version)) if layout else None
+        if layout is None or file_id is None:
+            self._entries.pop(table, None)
+        else:
+            self._entries[table] = (layout, file_id)
+        return layout
+
+
+def _advance(table: str, layout: TableLayout, file_id: _FileId
+             ) -> tuple[TableLayout, _FileId] | None:
+    """The cached layout moved to the newest version, None if the log must be loaded again."""
+    if _file_id(commit_file(table, layout.version)) != file_id:
+        return None
+    version = layout.version
+    while True:
+        try:
+            with open(commit_file(table, version + 1), "rb") as commit:
+                info = os.fstat(commit.fileno())
+                if b'"metaData"' in commit.read():
+                    return None
+        except FileNotFoundError:
+            return layout._replace(version=version), file_id
+        except OSError:
+            return None
+        version, file_id = version + 1, (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def _file_id(path: os.PathLike[str]) -> _FileId | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
+
+
+def parse_schema(table: str, schema_json: str) -> Schema:
+    """The write's schema as delta-rs reads it.
+
+    Raises:
+        InvalidArgument: not JSON, nested deeper than the interpreter's recursion limit (the
+            JSON is read first, so such a document never reaches delta-rs's parser), or not a
+            Delta schema delta-rs accepts.
+    """
+    try:
+        json.loads(schema_json)
+        return Schema.from_json(schema_json)
+    except RecursionError:
+        raise InvalidArgument(f"table {table}: schema_json is nested too deeply") from None
+    except BaseException as exc:  # noqa: BLE001 - a Rust panic is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise InvalidArgument(f"table {table}: schema_json is not a Delta schema delta-rs can "
+                              f"use: {str(exc)[:200]}") from None
+
+
+class WriteChecker:
+    """Refuses a write intent its apply could not make; keeps layouts and verdicts for reuse.
+
+    One per coordinator (thread-safe as ``LayoutCache`` is). ``layouts`` may be shared.
+    """
+
+    def __init__(self, layouts: LayoutCache | None = None) -> None:
+        self.layouts = layouts or LayoutCache()
+        self._parsed: set[tuple[str, str]] = set()  # (Delta type, value) the kernel parses
+
+    def check(self, write: TableWriteRecord) -> None:
+        """Call with the table held by the transaction, before its durable commit write.
+
+        Raises:
+            InvalidArgument: malformed: schema, partition columns, mode combination, add paths,
+                partition values that do not parse as their column's type.
+            FailedPrecondition: does not fit the table as it is now: columns, partition
+                columns, an overwrite of an append-only table, files missing or of another size.
+        """
+        table = write.table
+        schema = parse_schema(table, write.schema_json).to_json()
+        if "\\u0000" in schema:  # delta-rs takes it, but no reader can name the column
+            raise InvalidArgument(f"table {table}: a column name contains a NUL character")
+        fields = {f["name"]: f for f in json.loads(schema)["fields"]}
+        _check_form(write, fields)
+        layout = self.layouts.get(table)
+        if layout is not None:
+            problem = describe_schema_mismatch(layout.schema_json, schema,
+                                               list(write.partition_by),
+                                               layout.partition_columns)
+            if problem:
+                raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
+                                         f"version {layout.version}: {problem}")
+            if layout.append_only and write.mode != WriteMode.APPEND:
+                raise FailedPrecondition(f"table {table} has delta.appendOnly=true: a "
+                                         f"{write.mode.value} write cannot remove its files")
+        _check_files(write)
+        self._check_partition_values(write, fields)
+
+    def _check_partition_values(self, write: TableWriteRecord,
+                                fields: dict[str, dict[str, Any]]) -> None:
+        for column in write.partition_by:
+            delta_type = json.dumps(fields[column]["type"])
+            values = {a.partition_values.get(column) for a in write.add_files}
+            unseen = sorted(v for v in values if v is not None
+                            and (delta_type, v) not in self._parsed)
+            if not unseen:
+                continue
+            try:
+                _probe(fields[column], unseen)
+            except BaseException as exc:  # noqa: BLE001 - a Rust panic is a BaseException
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise InvalidArgument(
+                    f"table {write.table}: partition column {column!r} ({fields[column]['type']}"
+                    f") has a value delta-rs cannot read as that type: {str(exc)[:200]}"
+                ) from None
+            if len(self._parsed) > MAX_REMEMBERED:
+                self._parsed.clear()
+            self._parsed.update((delta_type, v) for v in unseen)
+
+
+def _probe(field: dict[str, Any], values: list[str]) -> None:
+    """Commits ``values`` of the partition column ``field`` to a throwaway in-memory table:
+    delta-kernel parses them exactly as the apply will."""
+    schema = Schema.from_json(json.dumps({"type": "struct", "fields": [field]}))
+    adds = [AddAction(f"{i}.parquet", 1, {field["name"]: v}, 0, True, "{}")
+            for i, v in enumerate(values)]
+    create_table_with_add_actions(f"memory:///{uuid.uuid4().hex}", schema, adds,
+                                  partition_by=[field["name"]])
+
+
+def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> None:
+    """What a write must be whatever the table: mode, partition columns, add paths."""
+    table = write.table
+    if not fields:
+        raise InvalidArgument(f"table {table}: the schema has no columns")
+    if write.replace_partitions and write.mode != WriteMode.OVERWRITE_PARTITIONS:
+        raise InvalidArgument(f"table {table}: replace_partitions needs overwrite_partitions")
+    if write.mode == WriteMode.OVERWRITE_PARTITIONS and not write.partition_by:
+        raise InvalidArgument(f"table {table}: overwrite_partitions needs partition columns")
+    columns = list(write.partition_by)
+    if len(set(columns)) != len(columns):
+        raise InvalidArgument(f"table {table}: a partition column is named twice in {columns}")
+    missing = [c for c in columns if c not in fields]
+    if missing:
+        raise InvalidArgument(f"table {table}: partition columns {missing} are not in the "
+                              f"schema (names are case-sensitive)")
+    nested = [c for c in columns if not isinstance(fields[c]["type"], str)]
+    if nested:
+        raise InvalidArgument(f"table {table}: partition columns {nested} are not of a "
+                              "primitive type")
+    for add in write.add_files:
+        if "\x00" in add.path or any(s in ("", ".", "..") for s in add.path.split("/")):
+            raise InvalidArgument(f"table {table}: file {add.path!r} has an empty, '.' or "
+                                  "'..' segment or a NUL character")
+
+
+def _check_files(write: TableWriteRecord) -> None:
+    """Every added file exists at ``<table>/<add.path>`` with the stated size (one stat each)."""
+    root = local_path(write.table)
+    missing: list[str] = []
+    wrong: list[str] = []
+    for add in write.add_files:
+        try:
+            info = os.stat(os.path.join(root, add.path))
+        except OSError:
+            missing.append(add.path)
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            missing.append(add.path)
+        elif info.st_size != add.size:
+            wrong.append(f"{add.path} has {info.st_size} bytes, not {add.size}")
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} files missing: {missing[:MAX_NAMED]}")
+    if wrong:
+        problems.append(f"{len(wrong)} files of another size: {'; '.join(wrong[:MAX_NAMED])}")
+    if problems:
+        raise FailedPrecondition(f"table {write.table}: {'; '.join(problems)}")
