@@ -1,7 +1,7 @@
 """Input checks shared by every request: precise, actionable InvalidArgument messages.
 
 Every number a client sends that ends in an int64 reply field, a SQLite column or a lock wait is
-bounded here, before anything is recorded: nothing may fail after COMMITTED (DESIGN.md I10), so
+bounded here, before anything is recorded: nothing may fail after COMMITTED (I10), so
 an out-of-range value is refused at prewrite, never discovered by a reply about a committed
 transaction. JSON a client sends (schemas, file stats) is parsed with a depth bound and checked
 for the shape the rest of the code walks, so no RecursionError or TypeError can surface later.

@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from percolake import codec
+from percolake.errors import ProtocolError
 from percolake.failpoints import fail_point
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.delta_commit import apply_table_write
@@ -274,7 +275,7 @@ class Participant:
         for location in handle.locations.values():
             try:
                 remove_attempt_files(location)
-            except OSError as exc:
+            except (OSError, ProtocolError) as exc:  # never hides the user's own error
                 log.warning("could not delete %s: %s", location, exc)
 
     def _apply(self, txn: pb.Transaction, writes: dict[str, TableWriteRecord]) -> None:

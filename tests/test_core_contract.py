@@ -229,3 +229,35 @@ def test_a_batch_below_the_generation_s_newest_committed_batch_cannot_commit(tmp
     again = TransactionCoordinator(core.store, core.config, applier=FakeDelta())
     with pytest.raises(FailedPrecondition, match="cannot commit after batch 5"):
         again.commit(late.txn_id, None, [table(tmp_path, "a")])
+
+
+def test_a_report_racing_the_commit_is_still_checked_against_the_log(tmp_path):
+    """A ReportApplied read while the transaction is still PREWRITTEN must not record versions
+    that no one checked once the commit lands in between (item 12)."""
+    def applied_check(tbl, version, txn_id, app_id, app_version) -> bool:
+        return False
+
+    core = TransactionCoordinator(MemoryStore(), CoordinatorConfig([str(tmp_path)]),
+                                  applier=FakeDelta(), applied_check=applied_check)
+    a = table(tmp_path, "a")
+    txn, _ = core.open_transaction("p", 0, tables=[a])
+    core.prewrite(txn.txn_id, None, [write(txn.txn_id, a)])
+    get, calls = core._get, []
+
+    def commit_between_reads(txn_id):  # the commit lands after the report's first read
+        calls.append(txn_id)
+        if len(calls) == 2:
+            core._lock.release()
+            try:
+                core._get = get
+                core.commit(txn.txn_id, None, [a])
+            finally:
+                core._lock.acquire()
+        return get(txn_id)
+
+    core._get = commit_between_reads
+    with pytest.raises(FailedPrecondition):
+        core.report_applied(txn.txn_id, None, {a: 42})
+    core._get = get
+    after = core.get_transaction(txn.txn_id)
+    assert after.state != TxnState.APPLIED and not after.tables[a].applied  # nothing recorded

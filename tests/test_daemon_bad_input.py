@@ -1,5 +1,5 @@
 """Bad input against a real daemon: the right gRPC status, an actionable message, no change,
-and the daemon keeps serving (DESIGN.md "Bad input").
+and the daemon keeps serving (docs/protocol.md, "Status codes").
 
 Each case runs against a fresh OPEN transaction ``c.txn_id`` of a fresh pipeline ``c.pipeline``
 on one shared daemon started with small size limits.

@@ -29,15 +29,18 @@ class Applying(CoreState):
         for table, version in versions.items():
             validation.check_non_negative("delta_version", version)
             canonical[self._canonical(table)] = version
-        with self._lock:
-            txn = self._get(txn_id)
-            self._check_txn_caller(txn, epoch)
-            unverified = {t: v for t, v in canonical.items()
-                          if txn.state == TxnState.COMMITTED and t in txn.tables
-                          and not txn.tables[t].applied}
-        self._verify_applied(txn, unverified)
-        with self._lock:
-            return self._fresh(self._record_applied(self._get(txn_id), canonical))
+        verified: set[str] = set()
+        while True:  # the log is read outside the lock; record only what was verified
+            with self._lock:
+                txn = self._get(txn_id)
+                self._check_txn_caller(txn, epoch)
+                unverified = {t: v for t, v in canonical.items()
+                              if t not in verified and txn.state == TxnState.COMMITTED
+                              and t in txn.tables and not txn.tables[t].applied}
+                if not unverified:
+                    return self._fresh(self._record_applied(txn, canonical))
+            self._verify_applied(txn, unverified)
+            verified.update(unverified)
 
     def _verify_applied(self, txn: TxnRecord, versions: dict[str, int]) -> None:
         """Refuses a reported version whose Delta commit is not this transaction's own."""
