@@ -55,8 +55,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="folder of the durable store (created if missing); keep it on "
                        "durable local disk: it holds every commit decision")
     serve.add_argument("--warehouse", action="append", required=True, metavar="ROOT",
-                       help="a folder under which Delta tables may live; repeat for several. "
-                       "Tables outside every root are refused with PERMISSION_DENIED")
+                       help="a folder (/lake) or object-store prefix (s3://bucket/lake; "
+                       "s3a:// names the same) under which Delta tables may live; repeat for "
+                       "several, local and S3 mixed. Tables outside every root are refused "
+                       "with PERMISSION_DENIED. S3 settings come from AWS_ACCESS_KEY_ID, "
+                       "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL, "
+                       "AWS_ALLOW_HTTP or AWS_PROFILE")
     serve.add_argument("--txn-timeout", type=_positive(float), default=120.0, metavar="SECONDS",
                        help="an OPEN or PREWRITTEN transaction with no heartbeat for this long "
                        "is aborted and its files deleted")
@@ -84,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="threads serving RPCs")
     serve.add_argument("--shutdown-grace", type=_positive(float), default=10.0,
                        metavar="SECONDS", help="time in-flight RPCs get to finish on shutdown")
+    serve.add_argument("--object-store-timeout", type=_positive(float), default=30.0,
+                       metavar="SECONDS",
+                       help="each object-store (S3) request times out after this long and is "
+                       "retried at most 3 times; then the call fails with UNAVAILABLE")
     serve.add_argument("--port-file", metavar="PATH",
                        help="write the bound port to this file once serving (for --port 0)")
     serve.add_argument("--log-level", default="info",
@@ -123,7 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     options = ServerOptions(host=args.host, port=args.port, max_workers=args.max_workers,
                             max_message_bytes=args.max_message_bytes,
-                            shutdown_grace_s=args.shutdown_grace)
+                            shutdown_grace_s=args.shutdown_grace,
+                            object_store_timeout_s=args.object_store_timeout)
     return serve_forever(args.data_dir, config, options, args.port_file)
 
 

@@ -9,6 +9,8 @@ import functools
 import logging
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -120,6 +122,7 @@ class ServerOptions:
     max_workers: int = 32
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
+    object_store_timeout_s: float = 30.0  # each object-store request, retried at most 3 times
 
 
 class RunningServer:
@@ -166,21 +169,52 @@ class RunningServer:
 
 def start_server(data_dir: str | Path, config: CoordinatorConfig,
                  options: ServerOptions) -> RunningServer:
-    """Opens the store in ``data_dir`` (created if missing) and starts serving."""
+    """Opens the store in ``data_dir`` (created if missing) and starts serving.
+
+    Raises:
+        StorageSettingsError: a warehouse root is on an object store whose settings (the AWS
+            variables or profile) are missing or malformed; the message names the variable.
+    """
+    from percolake.lake import storage
     from percolake.lake.delta_commit import (  # deltalake loads only to serve
         apply_table_write,
         is_commit_of,
     )
     from percolake.lake.write_check import WriteChecker
 
+    storage.configure(timeout_s=options.object_store_timeout_s)
+    storage.check_settings(config.warehouse_roots)  # fail at start, naming the variable
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     store = SqliteStore(data_dir, group_commit=True)  # the servicer flushes before replies
     applier = functools.partial(apply_table_write, roots=config.warehouse_roots)
+    checker = WriteChecker(roots=config.warehouse_roots)
     core = TransactionCoordinator(store, config, applier=applier,
-                                  applied_check=is_commit_of, write_check=WriteChecker().check)
+                                  applied_check=is_commit_of, write_check=checker.check)
     running = RunningServer(core, options)
     running.start()
+    _probe_object_stores(config.warehouse_roots)
     return running
+
+
+def _probe_object_stores(roots: list[str]) -> None:
+    """Looks, in the background, whether each object-store root's bucket answers, and logs a
+    warning naming the problem if not (the daemon serves anyway: the store may come back)."""
+    from percolake.lake import storage
+    from percolake.lake.warehouse import is_object_store
+
+    def probe() -> None:
+        for root in roots:
+            if not is_object_store(root):
+                continue
+            problem = storage.probe(root)
+            if problem:
+                log.warning("warehouse root not usable now", extra={"root": root,
+                                                                    "problem": problem})
+            else:
+                log.info("warehouse root reachable", extra={"root": root})
+
+    if any(is_object_store(r) for r in roots):
+        threading.Thread(target=probe, name="store-probe", daemon=True).start()
 
 
 def serve_forever(data_dir: str | Path, config: CoordinatorConfig, options: ServerOptions,
@@ -193,7 +227,15 @@ def serve_forever(data_dir: str | Path, config: CoordinatorConfig, options: Serv
     received: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: received.append(signum))
-    running = start_server(data_dir, config, options)
+    from percolake.lake.storage import StorageSettingsError
+
+    try:
+        running = start_server(data_dir, config, options)
+    except StorageSettingsError as exc:
+        log.error("cannot start: the object store's settings are incomplete",
+                  extra={"error": str(exc)})
+        print(f"percolake-coordinator: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 2
     if port_file:
         tmp = f"{port_file}.tmp"
         Path(tmp).write_text(str(running.port))

@@ -12,10 +12,10 @@ from sparkside.errors import (
 )
 from sparkside.participant import BatchTransaction, Participant
 from sparkside.reader import ConsistentReader, Snapshot
-from sparkside.session import local_spark
+from sparkside.session import configure_spark, local_spark
 
 __all__ = [
     "BatchRefused", "BatchTransaction", "CommitOutcomeUnknown", "ConsistentReader",
     "CoordinatorUnavailable", "Participant", "PercolakeError", "SchemaMismatch", "Snapshot",
-    "TableNotWritten", "TransactionAborted", "WriteConflict", "local_spark",
+    "TableNotWritten", "TransactionAborted", "WriteConflict", "configure_spark", "local_spark",
 ]

@@ -2,31 +2,21 @@
 
 GetSnapshot answers a snapshot_ts and a Delta version per table (the coordinator first rolls
 forward committed writes that are not applied yet). Each table is then read at exactly that
-version: with Spark's ``delta`` source when delta-spark is on the classpath, otherwise from the
-version's file list (delta-rs) with Spark's Parquet reader, partition columns restored.
+version with delta-spark (``versionAsOf``); the session needs it (``sparkside.configure_spark``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
-from urllib.parse import unquote
 
-import pyarrow
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
-from pyspark.sql.pandas.types import from_arrow_schema
 
-from percolake.lake.warehouse import local_path
+from percolake.lake.warehouse import spark_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
 from sparkside.errors import TableNotWritten
 
 AsOf = int | tuple[str, int] | tuple[str, int, int] | None
-FILE_COLUMN = "__percolake_file"
-KNOWN_COLUMN = "__percolake_known"
 
 
 class Snapshot:
@@ -92,74 +82,6 @@ class ConsistentReader:
         self._client.close()
 
 
-def _delta_spark_available(spark: SparkSession) -> bool:
-    try:
-        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # type: ignore[union-attr]
-        return True
-    except Exception:
-        return False
-
-
-class TableFiles(NamedTuple):
-    """One version of a Delta table as its log lists it: what Spark's Parquet reader needs."""
-
-    schema: T.StructType
-    partition_columns: list[str]
-    files: dict[str, dict]  # local path of each data file -> its partition values
-
-
-def table_files(table_uri: str, version: int) -> TableFiles:
-    """The schema, partition columns and data files of a table's version, from its Delta log
-    (delta-rs; no JVM). The log is read as metadata only: no Parquet scan, no Arrow threads."""
-    path = local_path(table_uri)
-    table = DeltaTable(path, version=version)
-    schema = from_arrow_schema(pyarrow.schema(table.schema().to_arrow()),
-                               prefer_timestamp_ntz=True)
-    files: dict[str, dict] = {}
-    for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
-        # the log's paths are URI-encoded relative paths
-        files[f"{path}/{unquote(add['path'])}"] = add.get("partition") or {}
-    return TableFiles(schema, list(table.metadata().partition_columns), files)
-
-
 def read_table_version(spark: SparkSession, table_uri: str, version: int) -> DataFrame:
-    """One Delta table at one version as a Spark DataFrame, columns in the table's order."""
-    if _delta_spark_available(spark):
-        return spark.read.format("delta").option("versionAsOf", version).load(
-            local_path(table_uri))
-    schema, partition_columns, files = table_files(table_uri, version)
-    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
-    if not files:
-        return spark.createDataFrame([], schema)
-    scan = spark.read.schema(data_schema).parquet(*files)
-    if not partition_columns:
-        return scan.select(*schema.fieldNames())
-    return _with_partition_values(spark, scan, schema, partition_columns, files)
-
-
-def _with_partition_values(spark: SparkSession, scan: DataFrame, schema: T.StructType,
-                           partition_columns: list[str], files: dict[str, dict]) -> DataFrame:
-    """Adds each row's partition values, as the Delta log records them for its file.
-
-    One scan of every file, joined (broadcast) with a small table of file -> partition values
-    on the path Spark reports in ``_metadata.file_path`` (a URI; percent-decoded here to the
-    local path, protecting ``+`` from form decoding). A file missing from that table fails the
-    query loudly instead of giving a row wrong partition values.
-    """
-    mapping_schema = T.StructType(
-        [T.StructField(FILE_COLUMN, T.StringType(), False)]
-        + [T.StructField(c, schema[c].dataType, True) for c in partition_columns]
-        + [T.StructField(KNOWN_COLUMN, T.BooleanType(), False)])
-    mapping = spark.createDataFrame(
-        [(file, *(values.get(c) for c in partition_columns), True)
-         for file, values in files.items()], mapping_schema)
-    decoded = F.regexp_replace(
-        F.url_decode(F.replace(F.col("_metadata.file_path"), F.lit("+"), F.lit("%2B"))),
-        "^file:(//)?", "")
-    joined = scan.withColumn(FILE_COLUMN, decoded).join(F.broadcast(mapping), FILE_COLUMN,
-                                                        "left")
-    unknown = F.raise_error(F.concat(F.lit("percolake: no Delta partition values for file "),
-                                     F.col(FILE_COLUMN)))
-    return joined.select(*[
-        F.when(F.col(KNOWN_COLUMN).isNull(), unknown).otherwise(F.col(c)).alias(c)
-        if c in partition_columns else F.col(c) for c in schema.fieldNames()])
+    """One Delta table at one version as a Spark DataFrame (delta-spark's ``versionAsOf``)."""
+    return spark.read.format("delta").option("versionAsOf", version).load(spark_uri(table_uri))

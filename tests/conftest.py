@@ -127,3 +127,35 @@ def make_stub() -> Iterator:
     yield make
     for channel in channels:
         channel.close()
+
+
+# ---------------------------------------------------------------- object-store tests (S3)
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """moto's S3 API server (``tests/s3_support.py``) on 127.0.0.1 and a free port, for the
+    session; ``.env()`` gives the AWS variables to reach it, ``.create_bucket()`` a bucket."""
+    from tests.s3_support import MotoServer
+
+    server = MotoServer(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_server) -> str:  # noqa: ANN001 - MotoServer
+    """A new bucket for one test."""
+    return moto_server.create_bucket()
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # noqa: ANN001
+    """This process's environment pointed at ``moto_server`` for one test (the lake functions
+    read the AWS variables when they run); returns the variables."""
+    env = moto_server.env()
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3",
+                 "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env

@@ -135,3 +135,19 @@ def test_the_automatic_reset_does_not_run_for_an_earlier_generation_s_query_id(d
         participant.close()
     state = daemon.stub.GetPipeline(pb.GetPipelineRequest(pipeline_id=pipeline), timeout=30)
     assert state.generation == 1 and state.query_id == new
+
+
+def test_a_table_whose_log_is_a_symlink_is_refused_before_the_commit(daemon):
+    """The apply refuses a ``_delta_log`` reached through a symlink, so the write check must
+    refuse it too: otherwise the batch would be COMMITTED and never applied (I4, I10)."""
+    table = daemon.warehouse / "linked"
+    (daemon.warehouse / "elsewhere").mkdir()
+    table.mkdir()
+    (table / "_delta_log").symlink_to(daemon.warehouse / "elsewhere")
+    txn = daemon.stub.OpenTransaction(pb.OpenTransactionRequest(
+        pipeline_id=unique("linked")), timeout=30).transaction
+    expect_status(daemon.stub.CommitTransaction, pb.CommitTransactionRequest(
+        txn_id=txn.txn_id, writes=[table_write(str(table), txn.txn_id)]),
+        grpc.StatusCode.PERMISSION_DENIED, "symlink")
+    got = daemon.stub.GetTransaction(pb.GetTransactionRequest(txn_id=txn.txn_id), timeout=30)
+    assert got.state == pb.OPEN

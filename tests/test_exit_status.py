@@ -9,9 +9,6 @@ checks every exit status; driver runs numbered ``i % 5 == 4`` end with a failure
 - ``demo``: imports ``scripts/demo.py`` and runs its table-reading functions (``table_sum`` of
   the latest and of an older version, ``previous_balances``) on prepared Delta tables: the part
   of the demo that scans tables with pyarrow, without its ~90 s Spark job.
-- ``reader``: a user's driver calling ``sparkside.reader.table_files`` (what
-  ``ConsistentReader``'s snapshots read without delta-spark: a version's schema, partition
-  columns and files from delta-rs) on a partitioned table. No JVM.
 - ``participant``: a user's driver doing the participant's table reads outside the JVM:
   ``describe_files`` (Parquet footers of the attempt's files), ``SchemaChecker`` (table layout)
   and ``apply_table_write`` of an append and an overwrite (which lists the add actions).
@@ -67,17 +64,6 @@ if i % 2:
     assert demo.table_sum(lake / "debits") == total(batches)
 else:
     assert demo.previous_balances(lake / "balances", batches - 1) == balances(batches - 1)
-sys.exit(status)
-"""
-
-READER_DRIVER = """
-import sys
-from sparkside.reader import table_files
-table, status = sys.argv[1], int(sys.argv[2])
-schema, partitions, files = table_files(table, 1)
-assert schema.fieldNames() == ["id", "day"] and partitions == ["day"], (schema, partitions)
-assert sorted(v["day"] for v in files.values()) == ["d1", "d1", "d2"], files
-assert len(table_files(table, 0).files) == 2
 sys.exit(status)
 """
 
@@ -154,14 +140,6 @@ def test_demo_table_reads_exit_with_their_status(tmp_path):
             "account": pa.array(transfers, pa.int64()),
             "balance": pa.array([1000 + batch] * rows, pa.int64())}), mode="append")
     _run_driver(DEMO_DRIVER, str(tmp_path), str(batches), str(rows))
-
-
-def test_reader_table_files_exit_with_their_status(tmp_path):
-    table = tmp_path / "events"
-    for ids, days in (([1, 2], ["d1", "d2"]), ([3], ["d1"])):
-        write_deltalake(table, pa.table({"id": pa.array(ids, pa.int64()), "day": days}),
-                        partition_by=["day"], mode="append")
-    _run_driver(READER_DRIVER, f"file://{table}")
 
 
 def test_participant_table_reads_exit_with_their_status(tmp_path):

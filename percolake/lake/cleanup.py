@@ -3,18 +3,41 @@
 The folder is reached from the real warehouse root one component at a time, never following a
 symlink (``O_NOFOLLOW``, then calls relative to the open folder), so a symlink swapped in after
 the name was checked makes the deletion refuse instead of reaching outside the warehouse.
+
+On an object store there are no folders and no symlinks, only keys: the location's name is
+checked (canonical, below an object-store root, ``<table>/_percolake/<txn_id>``), the objects
+under ``<location>/`` are listed, each listed key is checked to lie under that prefix again, and
+each is deleted with one DELETE (``percolake.lake.storage.delete_objects``: writes nothing).
+A deleted or missing object is fine, so a repeat or a concurrent cleaner is harmless. Each
+request is retried by its client (bounded, ``percolake.lake.storage.Limits``); a round that still
+fails (an endpoint not answering, throttling) is tried once more after a pause, then the error
+goes to the caller, whose cleanup stays pending and is retried on the next pass.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
+import time
 from collections.abc import Sequence
 
-from percolake.errors import InvalidArgument
-from percolake.lake.warehouse import ATTEMPT_DIR, UnsafeLocation, local_path, real_root_of
+from percolake.errors import InvalidArgument, Unavailable
+from percolake.lake.warehouse import (
+    ATTEMPT_DIR,
+    UnsafeLocation,
+    canonical_table_uri,
+    is_object_store,
+    local_path,
+    object_root_of,
+    real_root_of,
+    safe_repr,
+)
+
+log = logging.getLogger("percolake.cleanup")
+OBJECT_STORE_ROUNDS = 2  # list-and-delete rounds tried before a transient error is raised
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
@@ -31,7 +54,12 @@ def remove_attempt_files(write_location: str, *, roots: Sequence[str] | None = N
         UnsafeLocation: not an attempt folder, outside the roots, or a symlink on the way:
             nothing was deleted; log it and skip.
         OSError: the deletion failed part-way; retrying later is safe.
+        StorageUnavailable, StorageRefused, StorageSettingsError: an object-store deletion
+            failed (after retries); retrying later is safe.
     """
+    if is_object_store(write_location):
+        _remove_attempt_objects(write_location, roots)
+        return
     try:
         path = local_path(write_location)
     except InvalidArgument as exc:
@@ -82,3 +110,41 @@ def _remove_tree(parent_fd: int, name: str, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(name, dir_fd=parent_fd)
 
+
+def _remove_attempt_objects(location: str, roots: Sequence[str] | None) -> None:
+    """``remove_attempt_files`` for an object-store location."""
+    try:
+        canonical = canonical_table_uri(location)
+    except InvalidArgument as exc:
+        raise UnsafeLocation(f"refusing to delete {safe_repr(location)}: {exc}") from None
+    if canonical != location:
+        raise UnsafeLocation(f"refusing to delete {location}: not a canonical name "
+                             f"({canonical})")
+    root = object_root_of(location, roots)
+    below = location[len(root) + 1:] if root else location.partition("://")[2].partition("/")[2]
+    parts = below.split("/")
+    if len(parts) < 3 or parts[-2] != ATTEMPT_DIR or ATTEMPT_DIR in parts[:-2]:
+        raise UnsafeLocation(f"refusing to delete {location}: not a <table>/{ATTEMPT_DIR}/"
+                             "<txn_id> prefix")
+    from percolake.lake import storage  # Arrow's S3 and delta-rs load only when needed
+
+    for round_ in range(OBJECT_STORE_ROUNDS):
+        try:
+            listed = storage.list_files(location)
+            doomed = sorted(p for p in listed
+                            if p and not p.startswith("/") and ".." not in p.split("/"))
+            if len(doomed) != len(listed):
+                raise UnsafeLocation(f"refusing to delete below {location}: a listed key is "
+                                     "not a plain relative path")
+            storage.delete_objects(location, doomed)
+            if not doomed:
+                return
+        except Unavailable as exc:
+            if round_ + 1 == OBJECT_STORE_ROUNDS:
+                raise
+            log.info("object-store cleanup failed; retrying",
+                     extra={"location": location, "round": round_, "error": str(exc)})
+            time.sleep(0.2 * 2**round_)
+    if storage.list_files(location):
+        raise storage.StorageUnavailable(f"objects keep appearing below {location} while it "
+                                         "is deleted; will retry")

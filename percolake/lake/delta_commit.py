@@ -4,6 +4,12 @@ Used by the participant right after the commit and by the coordinator's roll-for
 at the same time: every apply first reads the table's Delta app transaction version for the
 pipeline generation and skips a write that is already there, and commits with no automatic
 retry, so a concurrent apply makes ours fail and re-check instead of writing twice. No JVM here.
+
+Object-store tables (``s3://``) are committed the same way, with the storage options of
+``percolake.lake.storage``: delta-rs writes the next log entry with a conditional put
+(``conditional_put=etag``), so any other writer's commit of that version, percolake's or not,
+makes ours fail and re-check; a log entry is never overwritten and no lock service is needed.
+Their log entries are read through the object store (one GET each), never listed in full.
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ import datetime
 import decimal
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +29,9 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from percolake.lake.warehouse import check_real_location, local_path
+from percolake.errors import Unavailable
+from percolake.lake import storage
+from percolake.lake.warehouse import check_table_location, delta_uri, is_object_store, local_path
 from percolake.records import PartitionValues, TableWriteRecord, WriteMode
 
 log = logging.getLogger("percolake.delta")
@@ -34,12 +41,28 @@ COMMIT_TS_KEY = "percolake.commit_ts"
 MAX_ATTEMPTS = 20
 
 
-class ApplyFailed(RuntimeError):
-    """The write could not be applied after repeated concurrent-commit retries."""
+class ApplyFailed(Unavailable, RuntimeError):
+    """The write could not be applied after repeated concurrent-commit retries (someone else
+    kept committing the table's next version): retry later (UNAVAILABLE in an RPC)."""
 
 
 def open_table(table_uri: str, version: int | None = None) -> DeltaTable | None:
-    """The Delta table at ``table_uri`` (at ``version`` if given), or None if none exists yet."""
+    """The Delta table at ``table_uri`` (at ``version`` if given), or None if none exists yet.
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError: an object-store table that
+            cannot be read now (bucket missing, access denied, endpoint not answering).
+    """
+    if is_object_store(table_uri):
+        options = storage.delta_storage_options(table_uri)
+        try:  # not is_deltatable(): it holds the GIL while it waits for the store
+            if version is None:
+                return DeltaTable(table_uri, storage_options=options)
+            return DeltaTable(table_uri, version=version, storage_options=options)
+        except TableNotFoundError:
+            return None
+        except OSError as exc:
+            raise storage.storage_error(exc, table_uri, "open the Delta table") from None
     path = local_path(table_uri)
     if not DeltaTable.is_deltatable(path):
         return None
@@ -51,7 +74,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
     """Idempotently commits the prewritten add actions of ``write`` to its Delta table.
 
     ``roots``: the warehouse roots the table's log must lie below (real paths, checked now);
-    with or without them, a symlink on the path to the table's ``_delta_log`` is refused.
+    with or without them, a symlink on the path to the table's ``_delta_log`` is refused. An
+    object-store table must be named canonically, below an object-store root.
 
     Returns:
         The Delta version that holds the write (the existing one if it was applied before).
@@ -59,10 +83,17 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
     Raises:
         ApplyFailed: concurrent commits kept winning for MAX_ATTEMPTS tries.
         UnsafeLocation: the table's log lies outside the roots or behind a symlink.
+        StorageRefused, StorageUnavailable, StorageSettingsError: an object-store table could
+            not be read or written now; retrying later is safe (the re-check finds a commit
+            whose answer was lost).
     """
-    check_real_location(os.path.join(local_path(write.table), "_delta_log"), roots)
+    check_table_location(write.table, roots)
+    options = storage.delta_storage_options(write.table)
     properties = CommitProperties(
-        custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts)},
+        # the same tags again in userMetadata, the one commitInfo field DESCRIBE HISTORY shows
+        custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts),
+                         "userMetadata": json.dumps({TXN_ID_KEY: txn_id,
+                                                     COMMIT_TS_KEY: str(commit_ts)})},
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
     )
@@ -74,25 +105,29 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
         try:
             if table is None:
                 create_table_with_add_actions(
-                    local_path(write.table), schema, adds, mode="error",
+                    delta_uri(write.table), schema, adds, mode="error",
                     partition_by=list(write.partition_by) or None,
-                    commit_properties=properties)
+                    commit_properties=properties, storage_options=options or None)
                 return 0
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
-                return _version_of(table, txn_id, app_id, app_version)
+                return _version_of(table, txn_id, app_id, app_version, write.table)
             actions = adds + _removes(table, write)
             table.create_write_transaction(
                 actions, "append", schema, partition_by=list(write.partition_by) or None,
                 commit_properties=properties)
             table.update_incremental()
-            return _version_of(table, txn_id, app_id, app_version)
+            return _version_of(table, txn_id, app_id, app_version, write.table)
         except (DeltaError, TableNotFoundError) as exc:
             if not _lost_a_race(exc):
                 raise
             log.info("concurrent Delta commit; re-checking", extra={
                 "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
             time.sleep(min(0.05 * 2**attempt, 1.0))
+        except OSError as exc:
+            if not options:
+                raise
+            raise storage.storage_error(exc, write.table, "commit to") from None
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
 
@@ -184,22 +219,34 @@ def _partition_string(value: object) -> str | None:
     return str(value)
 
 
-def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int) -> int:
+def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
+                table_uri: str | None = None) -> int:
     """The Delta version whose commitInfo names ``txn_id``, read from the log's own files.
 
     Not ``DeltaTable.history()``: it numbers entries from the version the object loaded, so a
     commit landing meanwhile shifts every number. The table stays held until this write is
     reported applied, so the write is nearly always among the newest commits: read backwards.
+    An object-store table's entries are read one GET each from the loaded version down (no
+    listing of the whole log); a missing entry ends the search (log cleanup removes the
+    oldest first).
     """
-    log_dir = commit_file(table.table_uri, 0).parent
-    versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
-                      reverse=True)
-    for version in versions:
-        if _commit_names_txn(commit_file(table.table_uri, version), txn_id):
-            return version
+    if table_uri is not None and is_object_store(table_uri):
+        for version in range(table.version(), -1, -1):
+            entry = _read_commit(table_uri, version)
+            if entry is None:
+                break
+            if _names_txn(entry.decode().splitlines(), txn_id):
+                return version
+    else:
+        log_dir = commit_file(table.table_uri, 0).parent
+        versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
+                          reverse=True)
+        for version in versions:
+            if _commit_names_txn(commit_file(table.table_uri, version), txn_id):
+                return version
     raise AssertionError(
-        f"{table.table_uri} records app transaction {app_id} >= {app_version} but no commit "
-        f"of transaction {txn_id}: written by something other than percolake?")
+        f"{table_uri or table.table_uri} records app transaction {app_id} >= {app_version} but "
+        f"no commit of transaction {txn_id}: written by something other than percolake?")
 
 
 def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
@@ -207,28 +254,52 @@ def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
         lines = commit_file.read_text().splitlines()
     except FileNotFoundError:  # cleaned up by log retention: older than anything we look for
         return False
+    return _names_txn(lines, txn_id)
+
+
+def _names_txn(lines: list[str], txn_id: str) -> bool:
     for line in lines:
         if '"commitInfo"' in line:
             return json.loads(line)["commitInfo"].get(TXN_ID_KEY) == txn_id
     return False
 
 
+def _read_commit(table_uri: str, version: int) -> bytes | None:
+    """The log entry of one version of an object-store table, None if there is none."""
+    return storage.read_object(commit_uri(table_uri, version))
+
+
 def is_commit_of(table_uri: str, version: int, txn_id: str, app_id: str,
                  app_version: int) -> bool:
     """Whether the table's commit at ``version`` is this transaction's secondary: its
-    commitInfo names ``txn_id`` and it carries the app transaction ``(app_id, app_version)``."""
-    try:
-        lines = commit_file(table_uri, version).read_text().splitlines()
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+    commitInfo names ``txn_id`` and it carries the app transaction ``(app_id, app_version)``.
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError: an object-store table's log
+            cannot be read now (nothing is decided: the caller may ask again).
+    """
+    if is_object_store(table_uri):
+        entry = _read_commit(table_uri, version)
+        if entry is None:
+            return False
+        text = entry.decode(errors="replace")
+    else:
+        try:
+            text = commit_file(table_uri, version).read_text(errors="replace")
+        except OSError:  # missing, a folder, unreadable: not a commit we can vouch for
+            return False
     names_txn = carries_app_txn = False
-    for line in lines:
-        action = json.loads(line) if line.strip() else {}
-        if "commitInfo" in action:
-            names_txn = action["commitInfo"].get(TXN_ID_KEY) == txn_id
-        elif "txn" in action:
-            txn = action["txn"]
-            carries_app_txn |= txn.get("appId") == app_id and txn.get("version") == app_version
+    try:
+        for line in text.splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "commitInfo" in action:
+                names_txn = action["commitInfo"].get(TXN_ID_KEY) == txn_id
+            elif "txn" in action:
+                txn = action["txn"]
+                carries_app_txn |= (txn.get("appId") == app_id
+                                    and txn.get("version") == app_version)
+    except (ValueError, AttributeError, TypeError):  # not a Delta log entry
+        return False
     return names_txn and carries_app_txn
 
 
@@ -253,8 +324,13 @@ def table_layout(table_uri: str) -> TableLayout | None:
 
 
 def commit_file(table_uri: str, version: int) -> Path:
-    """The ``_delta_log`` file of one version of a table."""
+    """The ``_delta_log`` file of one version of a local table."""
     return Path(local_path(table_uri)) / "_delta_log" / f"{version:020d}.json"
+
+
+def commit_uri(table_uri: str, version: int) -> str:
+    """The URI of the ``_delta_log`` entry of one version of a table (any kind)."""
+    return f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json"
 
 
 def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str] | None,

@@ -20,33 +20,48 @@ what ``apply_table_write`` (delta-rs 1.6) really does, measured:
 
 Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that does not fit
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
+
+Object-store tables are checked the same way through ``percolake.lake.storage``: files by one
+listing of each attempt folder (sizes from the listing, nothing downloaded), log entries by
+GET. A store that cannot be read refuses the commit (StorageUnavailable, UNAVAILABLE: retry;
+StorageRefused, FAILED_PRECONDITION: bucket missing, access denied), never guesses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from deltalake import Schema
+from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake.lake import storage
 from percolake.lake.delta_commit import (
     TableLayout,
     commit_file,
+    commit_uri,
     describe_schema_mismatch,
     table_layout,
 )
-from percolake.lake.warehouse import local_path
+from percolake.lake.warehouse import (
+    ATTEMPT_DIR,
+    check_table_location,
+    is_object_store,
+    local_path,
+)
 from percolake.records import TableWriteRecord, WriteMode
 
 MAX_NAMED = 5  # files named in one refusal
 MAX_REMEMBERED = 100_000  # partition value verdicts kept
 
-_FileId = tuple[int, int, int]
+_FileId = tuple  # local: (inode, mtime ns, size); object store: (size, content hash)
 
 
 class LayoutCache:
@@ -56,7 +71,8 @@ class LayoutCache:
     file. A lookup reads the commit files after it (usually just the previous batch's own) and
     moves the version on; only a ``metaData`` action, an unreadable commit file, or the cached
     one replaced (table re-created) or gone (log cleanup) loads the log again. Safe to share
-    between threads: a race at worst loads twice.
+    between threads: a race at worst loads twice. On an object store a commit file's identity
+    is its size and content hash (read with one GET; objects have no inode).
     """
 
     def __init__(self) -> None:
@@ -70,10 +86,10 @@ class LayoutCache:
             if current is not None:
                 self._entries[table] = current
                 return current[0]
-        elif not commit_file(table, 0).parent.is_dir():
+        elif not _log_exists(table):
             return None
         layout = table_layout(table)
-        file_id = _file_id(commit_file(table, layout.version)) if layout else None
+        file_id = _commit_id(table, layout.version) if layout else None
         if layout is None or file_id is None:
             self._entries.pop(table, None)
         else:
@@ -81,9 +97,43 @@ class LayoutCache:
         return layout
 
 
+def _log_exists(table: str) -> bool:
+    if is_object_store(table):
+        return storage.prefix_exists(f"{table}/_delta_log")
+    return commit_file(table, 0).parent.is_dir()
+
+
+def _commit_id(table: str, version: int) -> _FileId | None:
+    if is_object_store(table):
+        entry = storage.read_object(commit_uri(table, version))
+        return None if entry is None else _object_id(entry)
+    return _file_id(commit_file(table, version))
+
+
+def _object_id(entry: bytes) -> _FileId:
+    return len(entry), hashlib.sha256(entry).hexdigest()
+
+
+def _advance_object(table: str, layout: TableLayout, file_id: _FileId
+                    ) -> tuple[TableLayout, _FileId] | None:
+    """``_advance`` for an object-store table: one GET per commit file looked at."""
+    if _commit_id(table, layout.version) != file_id:
+        return None
+    version = layout.version
+    while True:
+        entry = storage.read_object(commit_uri(table, version + 1))
+        if entry is None:
+            return layout._replace(version=version), file_id
+        if b'"metaData"' in entry:
+            return None
+        version, file_id = version + 1, _object_id(entry)
+
+
 def _advance(table: str, layout: TableLayout, file_id: _FileId
              ) -> tuple[TableLayout, _FileId] | None:
     """The cached layout moved to the newest version, None if the log must be loaded again."""
+    if is_object_store(table):
+        return _advance_object(table, layout, file_id)
     if _file_id(commit_file(table, layout.version)) != file_id:
         return None
     version = layout.version
@@ -134,8 +184,11 @@ class WriteChecker:
     One per coordinator (thread-safe as ``LayoutCache`` is). ``layouts`` may be shared.
     """
 
-    def __init__(self, layouts: LayoutCache | None = None) -> None:
+    def __init__(self, layouts: LayoutCache | None = None,
+                 roots: Sequence[str] | None = None) -> None:
+        """``roots``: the warehouse roots the apply will check the table's log against."""
         self.layouts = layouts or LayoutCache()
+        self.roots = roots
         self._parsed: set[tuple[str, str]] = set()  # (Delta type, value) the kernel parses
 
     def check(self, write: TableWriteRecord) -> None:
@@ -153,7 +206,13 @@ class WriteChecker:
             raise InvalidArgument(f"table {table}: a column name contains a NUL character")
         fields = {f["name"]: f for f in json.loads(schema)["fields"]}
         _check_form(write, fields)
-        layout = self.layouts.get(table)
+        check_table_location(table, self.roots)  # the apply refuses what this refuses (I10)
+        try:
+            layout = self.layouts.get(table)
+        except DeltaError as exc:
+            raise FailedPrecondition(
+                f"table {table}: delta-rs cannot read the table's log, so nothing can be "
+                f"committed to it ({exc})") from None
         if layout is not None:
             problem = describe_schema_mismatch(layout.schema_json, schema,
                                                list(write.partition_by),
@@ -228,6 +287,9 @@ def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> N
 
 def _check_files(write: TableWriteRecord) -> None:
     """Every added file exists at ``<table>/<add.path>`` with the stated size (one stat each)."""
+    if is_object_store(write.table):
+        _check_objects(write)
+        return
     root = local_path(write.table)
     missing: list[str] = []
     wrong: list[str] = []
@@ -241,6 +303,37 @@ def _check_files(write: TableWriteRecord) -> None:
             missing.append(add.path)
         elif info.st_size != add.size:
             wrong.append(f"{add.path} has {info.st_size} bytes, not {add.size}")
+    _refuse_files(write, missing, wrong)
+
+
+def _check_objects(write: TableWriteRecord) -> None:
+    """``_check_files`` on an object store: one recursive listing per attempt folder the add
+    paths name (``_percolake/<txn_id>/``, one per write), sizes compared from the listing; a
+    path elsewhere (the coordinator refuses those before) costs one HEAD."""
+    sizes: dict[str, int] = {}
+    folders = {"/".join(add.path.split("/")[:2]) for add in write.add_files
+               if add.path.startswith(f"{ATTEMPT_DIR}/") and add.path.count("/") >= 2}
+    for folder in sorted(folders):
+        listed = storage.list_files(f"{write.table}/{folder}")
+        sizes.update({f"{folder}/{path}": size for path, (size, _) in listed.items()})
+    missing: list[str] = []
+    wrong: list[str] = []
+    for add in write.add_files:
+        listed_folder = "/".join(add.path.split("/")[:2]) in folders
+        size = sizes.get(add.path) if listed_folder else storage.object_size(
+            f"{write.table}/{add.path}")
+        if size is None:
+            missing.append(add.path)
+        elif size != add.size:
+            wrong.append(f"{add.path} has {size} bytes, not {add.size}")
+    if missing:
+        no_bucket = storage.missing_bucket_error(write.table, "check the files of")
+        if no_bucket is not None:
+            raise no_bucket
+    _refuse_files(write, missing, wrong)
+
+
+def _refuse_files(write: TableWriteRecord, missing: list[str], wrong: list[str]) -> None:
     problems = []
     if missing:
         problems.append(f"{len(missing)} files missing: {missing[:MAX_NAMED]}")

@@ -1,7 +1,10 @@
-"""Spark fixtures: one local SparkSession for the whole run, one coordinator per module."""
+"""Spark fixtures: one local SparkSession (with delta-spark) for the whole run, one coordinator per
+module."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,10 +16,17 @@ from pyspark.sql.streaming import StreamingQuery
 
 from percolake import failpoints
 from sparkside import Participant, local_spark
+from sparkside.session import first_fetch_notice
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(pytestconfig: pytest.Config) -> Iterator[SparkSession]:
+    """The one SparkSession of the run, with delta-spark (``sparkside.configure_spark``)."""
+    notice = first_fetch_notice()
+    if notice:  # the first run downloads delta-spark's jars: say so past pytest's capture
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print(f"\n{notice}", file=sys.stderr, flush=True)
     session = local_spark("percolake-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -1,0 +1,497 @@
+"""Object-store settings and access in one place: every lake function that reads, writes or
+deletes on an object store takes its options, filesystem and error wording from here.
+
+Settings come from the standard AWS variables, read from the process environment when used
+(cached while they stay the same): ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``), ``AWS_ENDPOINT_URL`` (or
+``AWS_ENDPOINT_URL_S3``), ``AWS_ALLOW_HTTP``; without keys in the environment, from a profile
+(``AWS_PROFILE``, else ``default``) of the shared credentials and config files
+(``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``, by default under ``~/.aws``): static keys
+only, percolake does not run SSO or assume-role flows. Credentials live only in this process's
+memory: ``S3Settings`` never shows them (``repr``), error texts are scrubbed of them, and no
+record, log line or RPC carries them.
+
+Three clients use them, each for what it does best (measured against moto's server):
+
+- delta-rs (``delta_storage_options``): Delta commits with ``conditional_put=etag``, so a
+  commit never overwrites a log entry another writer made (no lock service); bounded retries.
+- Arrow's native S3 filesystem (``s3_filesystem``): listing, sizes, reading log entries. It
+  releases the GIL while it waits, so the daemon's other threads keep serving.
+- delta-rs's object-store handler (``delete_objects``): deletions. Arrow's S3 filesystem
+  re-creates a "directory" marker object for the parent of whatever it deletes, which would
+  write outside an attempt's prefix; object_store's DELETE writes nothing.
+
+Every call is bounded (``Limits``): an unreachable endpoint fails after a few retries within
+seconds with ``StorageUnavailable`` (UNAVAILABLE), a missing bucket or refused access with
+``StorageRefused`` (FAILED_PRECONDITION), missing or malformed settings with
+``StorageSettingsError`` (FAILED_PRECONDITION) naming the variable to set.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from percolake.errors import FailedPrecondition, ProtocolError, Unavailable
+from percolake.lake.warehouse import is_object_store, split_object_uri
+
+ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+            "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ALLOW_HTTP",
+            "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+DEFAULT_REGION = "us-east-1"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NETWORK = ("NETWORK_CONNECTION", "error sending request", "Connection refused", "tcp connect",
+            "timed out", "Timeout", "dns error", "Could not connect", "connection closed",
+            "Connection reset", "SERVICE_UNAVAILABLE", "503 Service Unavailable",
+            "INTERNAL_FAILURE", "500 Internal Server Error", "SlowDown")
+_NO_BUCKET = ("NoSuchBucket", "NO_SUCH_BUCKET", "bucket does not exist")
+_DENIED = ("AccessDenied", "ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+           "403 Forbidden", "ExpiredToken", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH")
+
+
+class StorageSettingsError(FailedPrecondition):
+    """The object store's settings are missing or malformed; the message names the variable."""
+
+
+class StorageRefused(FailedPrecondition):
+    """The object store answered, and refused: bucket missing, access denied."""
+
+
+class StorageUnavailable(Unavailable):
+    """The object store did not answer within the bounded retries: try again later."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of every object-store call: each request times out after ``timeout_s``
+    (connecting after ``connect_timeout_s``) and is retried at most ``max_retries`` times."""
+
+    timeout_s: float = 30.0
+    connect_timeout_s: float = 5.0
+    max_retries: int = 3
+
+
+_limits = Limits()
+_lock = threading.Lock()
+_settings_cache: dict[tuple, S3Settings] = {}
+_fs_cache: dict[tuple, pafs.S3FileSystem] = {}
+
+
+def configure(timeout_s: float | None = None, max_retries: int | None = None) -> Limits:
+    """Sets the process-wide bounds of object-store calls (the daemon's --object-store-timeout);
+    returns them."""
+    global _limits
+    with _lock:
+        timeout = _limits.timeout_s if timeout_s is None else float(timeout_s)
+        _limits = Limits(timeout, min(_limits.connect_timeout_s, timeout),
+                         _limits.max_retries if max_retries is None else int(max_retries))
+        _fs_cache.clear()
+        return _limits
+
+
+def limits() -> Limits:
+    return _limits
+
+
+@dataclass(frozen=True, repr=False)
+class S3Settings:
+    """Where and as whom to reach S3. ``repr`` and ``describe`` never show a credential."""
+
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None
+    endpoint_url: str | None  # scheme://host[:port], None for AWS itself
+    allow_http: bool
+    source: str  # where the credentials came from, e.g. "environment" or "profile 'ci'"
+
+    def __repr__(self) -> str:
+        return f"S3Settings({self.describe()})"
+
+    def describe(self) -> str:
+        """Endpoint, region and where the credentials came from; no credential."""
+        return (f"endpoint {self.endpoint_url or 'AWS S3'}, region {self.region}, credentials "
+                f"from {self.source}")
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.secret_access_key, self.session_token) if s)
+
+
+def s3_settings(environ: Mapping[str, str] | None = None) -> S3Settings:
+    """The S3 settings of ``environ`` (default: this process's environment), cached while the
+    variables and the profile files stay the same.
+
+    Raises:
+        StorageSettingsError: no credentials, half of a key pair, a malformed endpoint, or an
+            ``http://`` endpoint without ``AWS_ALLOW_HTTP=true``; the message names the variable.
+    """
+    env = os.environ if environ is None else environ
+    files = _profile_files(env)
+    key = tuple(env.get(v) for v in ENV_VARS) + tuple(_stamp(f) for f in files)
+    cached = _settings_cache.get(key)
+    if cached is not None:
+        return cached
+    settings = _load_settings(env, files)
+    with _lock:
+        if len(_settings_cache) > 16:
+            _settings_cache.clear()
+        _settings_cache[key] = settings
+    return settings
+
+
+def _profile_files(env: Mapping[str, str]) -> tuple[str, str]:
+    home = os.path.expanduser("~")
+    return (env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+            env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"))
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+def _read_profile(env: Mapping[str, str], files: tuple[str, str]) -> tuple[str, dict[str, str]]:
+    """The profile's name and its values (credentials file over config file); {} if absent."""
+    name = env.get("AWS_PROFILE") or "default"
+    credentials_file, config_file = files
+    values: dict[str, str] = {}
+    found = False
+    for path, section in ((config_file, "default" if name == "default" else f"profile {name}"),
+                          (credentials_file, name)):
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except configparser.Error as exc:
+            raise StorageSettingsError(f"cannot read the AWS profile file {path}: "
+                                       f"{type(exc).__name__}") from None
+        if parser.has_section(section):
+            found = True
+            values.update({k.lower(): v.strip() for k, v in parser.items(section)})
+    if env.get("AWS_PROFILE") and not found:
+        raise StorageSettingsError(
+            f"AWS_PROFILE={name!r}: no such profile in {credentials_file} or {config_file} "
+            "(AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE)")
+    return name, values
+
+
+def _load_settings(env: Mapping[str, str], files: tuple[str, str]) -> S3Settings:
+    key_id = env.get("AWS_ACCESS_KEY_ID") or ""
+    secret = env.get("AWS_SECRET_ACCESS_KEY") or ""
+    token = env.get("AWS_SESSION_TOKEN") or None
+    if bool(key_id) != bool(secret):
+        missing = "AWS_SECRET_ACCESS_KEY" if key_id else "AWS_ACCESS_KEY_ID"
+        present = "AWS_ACCESS_KEY_ID" if key_id else "AWS_SECRET_ACCESS_KEY"
+        raise StorageSettingsError(f"S3 credentials: {present} is set but {missing} is not; "
+                                   "set both")
+    try:
+        profile_name, profile = _read_profile(env, files)
+    except StorageSettingsError:
+        if not key_id:
+            raise
+        profile_name, profile = env.get("AWS_PROFILE") or "default", {}
+    if key_id:
+        source = "environment (AWS_ACCESS_KEY_ID)"
+    elif profile.get("aws_access_key_id") and profile.get("aws_secret_access_key"):
+        key_id, secret = profile["aws_access_key_id"], profile["aws_secret_access_key"]
+        token = profile.get("aws_session_token") or None
+        source = f"profile {profile_name!r}"
+    elif env.get("AWS_PROFILE"):
+        raise StorageSettingsError(
+            f"AWS_PROFILE={profile_name!r} has no aws_access_key_id and aws_secret_access_key "
+            "(percolake reads static keys only; for SSO or assume-role profiles export "
+            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN)")
+    else:
+        raise StorageSettingsError(
+            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+            "AWS_SESSION_TOKEN for temporary credentials), or AWS_PROFILE naming a profile "
+            "with static keys")
+    region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or profile.get("region")
+              or DEFAULT_REGION)
+    endpoint_var = next((v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if env.get(v)),
+                        None)
+    endpoint = env.get(endpoint_var) if endpoint_var else profile.get("endpoint_url")
+    endpoint_var = endpoint_var or f"endpoint_url of profile {profile_name!r}"
+    allow_http = (env.get("AWS_ALLOW_HTTP") or "").strip().lower() in ("true", "1", "yes")
+    if endpoint:
+        endpoint = _check_endpoint(endpoint, endpoint_var)
+        if endpoint.startswith("http://") and not allow_http:
+            raise StorageSettingsError(
+                f"{endpoint_var} is a plain-http endpoint ({endpoint}); set AWS_ALLOW_HTTP=true "
+                "to allow unencrypted traffic, or use https")
+    return S3Settings(region, key_id, secret, token, endpoint or None, allow_http, source)
+
+
+def _check_endpoint(endpoint: str, variable: str) -> str:
+    try:
+        parts = urlsplit(endpoint.strip())
+        port = parts.port
+    except ValueError:
+        raise StorageSettingsError(f"{variable} is not a URL: {endpoint!r}") from None
+    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.username
+            or parts.password or parts.query or parts.fragment or parts.path not in ("", "/")):
+        raise StorageSettingsError(
+            f"{variable} must be http(s)://host[:port] without user, path or query; got "
+            f"{parts.scheme}://{parts.hostname or ''}{parts.path}")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}"
+
+
+def check_settings(uris: Iterable[str]) -> None:
+    """Loads the settings every object-store URI of ``uris`` needs (the daemon's start).
+
+    Raises:
+        StorageSettingsError: naming the variable to set.
+    """
+    if any(is_object_store(u) for u in uris):
+        s3_settings()
+
+
+def delta_storage_options(uri: str) -> dict[str, str]:
+    """delta-rs's ``storage_options`` for a table: {} for a local one."""
+    if not is_object_store(uri):
+        return {}
+    settings = s3_settings()
+    bounds = _limits
+    options = {
+        "AWS_ACCESS_KEY_ID": settings.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": settings.secret_access_key,
+        "AWS_REGION": settings.region,
+        # a commit is a put-if-absent of the next log entry (ETag conditions): a concurrent
+        # writer makes ours fail, never overwritten; no lock service (DynamoDB) needed
+        "conditional_put": "etag",
+        "timeout": f"{int(bounds.timeout_s * 1000)}ms",
+        "connect_timeout": f"{int(bounds.connect_timeout_s * 1000)}ms",
+        "max_retries": str(bounds.max_retries),
+        "retry_timeout": f"{int(bounds.timeout_s * 1000)}ms",
+    }
+    if settings.session_token:
+        options["AWS_SESSION_TOKEN"] = settings.session_token
+    if settings.endpoint_url:
+        options["AWS_ENDPOINT_URL"] = settings.endpoint_url
+    if settings.allow_http:
+        options["AWS_ALLOW_HTTP"] = "true"
+    return options
+
+
+def s3_filesystem() -> pafs.S3FileSystem:
+    """Arrow's native S3 filesystem with the current settings and bounds (cached)."""
+    settings = s3_settings()
+    bounds = _limits
+    key = (settings, bounds)
+    with _lock:
+        cached = _fs_cache.get(key)
+        if cached is not None:
+            return cached
+    endpoint = urlsplit(settings.endpoint_url) if settings.endpoint_url else None
+    filesystem = pafs.S3FileSystem(
+        access_key=settings.access_key_id, secret_key=settings.secret_access_key,
+        session_token=settings.session_token, region=settings.region,
+        scheme=endpoint.scheme if endpoint else "https",
+        endpoint_override=endpoint.netloc if endpoint else None,
+        request_timeout=bounds.timeout_s, connect_timeout=bounds.connect_timeout_s,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=bounds.max_retries),
+        allow_bucket_creation=False, allow_bucket_deletion=False)
+    with _lock:
+        if len(_fs_cache) > 4:
+            _fs_cache.clear()
+        _fs_cache[key] = filesystem
+    return filesystem
+
+
+def arrow_path(uri: str) -> str:
+    """``bucket/key`` of an object-store URI: the path Arrow's S3 filesystem takes."""
+    _, bucket, key = split_object_uri(uri)
+    return f"{bucket}/{key}".rstrip("/")
+
+
+def hadoop_s3a_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``spark.hadoop.fs.s3a.*`` settings equal to this module's (for the Spark side): the
+    same endpoint, region and credentials, path-style access with a custom endpoint. They hold
+    the credentials: set them on the SparkSession, never log them."""
+    settings = s3_settings(environ)
+    prefix = "spark.hadoop.fs.s3a."
+    options = {
+        f"{prefix}access.key": settings.access_key_id,
+        f"{prefix}secret.key": settings.secret_access_key,
+        f"{prefix}endpoint.region": settings.region,
+    }
+    if settings.session_token:
+        options[f"{prefix}session.token"] = settings.session_token
+        options[f"{prefix}aws.credentials.provider"] = (
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider")
+    else:
+        options[f"{prefix}aws.credentials.provider"] = (
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider")
+    if settings.endpoint_url:
+        options[f"{prefix}endpoint"] = settings.endpoint_url
+        options[f"{prefix}path.style.access"] = "true"
+        options[f"{prefix}connection.ssl.enabled"] = str(
+            settings.endpoint_url.startswith("https://")).lower()
+    return options
+
+
+# ---------------------------------------------------------------- errors
+
+
+def scrub(text: str) -> str:
+    """``text`` without terminal colours and without any credential of the current settings."""
+    text = _ANSI.sub("", text)
+    try:
+        secrets = s3_settings().secrets
+    except ProtocolError:
+        secrets = ()
+    for secret in secrets:
+        if len(secret) >= 8:  # real ones are 40+ characters; never mangle a message for less
+            text = text.replace(secret, "<redacted>")
+    return text
+
+
+def _summary(text: str, limit: int = 300) -> str:
+    text = " ".join(scrub(text).replace("↳", " ").split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def storage_error(exc: BaseException, uri: str, doing: str) -> ProtocolError:
+    """A clear, credential-free error for a failed object-store call on ``uri``.
+
+    ``doing`` completes "cannot ...", e.g. "read the Delta log of".
+    """
+    if isinstance(exc, ProtocolError):
+        return exc
+    text = scrub(str(exc))
+    _, bucket, _ = split_object_uri(uri)
+    try:
+        where = s3_settings().describe()
+    except StorageSettingsError as settings_error:
+        return settings_error
+    if any(marker in text for marker in _NO_BUCKET):
+        return StorageRefused(f"cannot {doing} {uri}: bucket {bucket!r} does not exist "
+                              f"({where})")
+    if any(marker in text for marker in _DENIED):
+        return StorageRefused(f"cannot {doing} {uri}: access denied ({where}): "
+                              f"{_summary(text, 200)}")
+    bounds = _limits
+    if any(marker in text for marker in _NETWORK):
+        return StorageUnavailable(
+            f"cannot {doing} {uri}: the object store did not answer ({where}; gave up after "
+            f"at most {bounds.max_retries} retries, {bounds.timeout_s:g} s per request): "
+            f"{_summary(text, 200)}")
+    return StorageUnavailable(f"cannot {doing} {uri} ({where}): {type(exc).__name__}: "
+                              f"{_summary(text)}")
+
+
+# ---------------------------------------------------------------- object access (Arrow)
+
+
+def read_object(uri: str) -> bytes | None:
+    """The whole object at ``uri`` (a Delta log entry: small), None if there is none.
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError.
+    """
+    try:
+        with s3_filesystem().open_input_stream(arrow_path(uri)) as stream:
+            return stream.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise storage_error(exc, uri, "read") from None
+
+
+def list_files(prefix_uri: str) -> dict[str, tuple[int, int | None]]:
+    """Every object below ``prefix_uri`` + ``/`` (recursively), as its path relative to the
+    prefix -> (size, modification time in ns). Listing only: nothing is downloaded.
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError.
+    """
+    base = arrow_path(prefix_uri)
+    try:
+        infos = s3_filesystem().get_file_info(
+            pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise storage_error(exc, prefix_uri, "list the objects below") from None
+    found: dict[str, tuple[int, int | None]] = {}
+    for info in infos:
+        if info.type == pafs.FileType.File and info.path.startswith(base + "/"):
+            found[info.path[len(base) + 1:]] = (info.size, info.mtime_ns)
+    return found
+
+
+def object_size(uri: str) -> int | None:
+    """The size of the object at ``uri`` (one HEAD), None if there is none."""
+    try:
+        info = s3_filesystem().get_file_info(arrow_path(uri))
+    except OSError as exc:
+        raise storage_error(exc, uri, "look up") from None
+    return info.size if info.type == pafs.FileType.File else None
+
+
+def prefix_exists(uri: str) -> bool:
+    """Whether any object lies below ``uri`` + ``/`` (one HEAD and one short LIST)."""
+    try:
+        info = s3_filesystem().get_file_info(arrow_path(uri))
+    except OSError as exc:
+        raise storage_error(exc, uri, "look up") from None
+    return info.type != pafs.FileType.NotFound
+
+
+def bucket_exists(uri: str) -> bool:
+    """Whether the bucket of ``uri`` exists (one HEAD of the bucket)."""
+    _, bucket, _ = split_object_uri(uri)
+    try:
+        info = s3_filesystem().get_file_info(bucket)
+    except OSError as exc:
+        raise storage_error(exc, uri, "look up the bucket of") from None
+    return info.type != pafs.FileType.NotFound
+
+
+def missing_bucket_error(uri: str, doing: str) -> StorageRefused | None:
+    """A StorageRefused naming the bucket when the bucket of ``uri`` does not exist."""
+    if bucket_exists(uri):
+        return None
+    _, bucket, _ = split_object_uri(uri)
+    return StorageRefused(f"cannot {doing} {uri}: bucket {bucket!r} does not exist "
+                          f"({s3_settings().describe()})")
+
+
+def probe(uri: str) -> str | None:
+    """Why the object store of ``uri`` cannot be used now, None if its bucket answers."""
+    try:
+        error = missing_bucket_error(uri, "use the warehouse root")
+    except ProtocolError as exc:
+        return str(exc)
+    return str(error) if error else None
+
+
+# ---------------------------------------------------------------- deletion (object_store)
+
+
+def delete_objects(prefix_uri: str, relative_paths: Iterable[str]) -> None:
+    """Deletes the objects ``prefix_uri/<relative path>``, one DELETE each; a missing one is
+    fine. Writes nothing (no directory markers).
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError.
+    """
+    from deltalake.fs import DeltaStorageHandler
+
+    handler = DeltaStorageHandler(prefix_uri, options=delta_storage_options(prefix_uri))
+    for path in relative_paths:
+        try:
+            handler.delete_file(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise storage_error(exc, f"{prefix_uri}/{path}", "delete") from None
