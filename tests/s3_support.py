@@ -21,7 +21,6 @@ import os
 import select
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -152,17 +151,6 @@ def _serve() -> None:
             pass
     finally:
         server.stop()
-
-
-def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,10 @@ from percolake.errors import InvalidArgument, Unavailable
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
     UnsafeLocation,
-    canonical_table_uri,
     is_object_store,
+    key_below_root,
     local_path,
-    object_root_of,
     real_root_of,
-    safe_repr,
 )
 
 log = logging.getLogger("percolake.cleanup")
@@ -113,16 +111,7 @@ def _remove_tree(parent_fd: int, name: str, path: str) -> None:
 
 def _remove_attempt_objects(location: str, roots: Sequence[str] | None) -> None:
     """``remove_attempt_files`` for an object-store location."""
-    try:
-        canonical = canonical_table_uri(location)
-    except InvalidArgument as exc:
-        raise UnsafeLocation(f"refusing to delete {safe_repr(location)}: {exc}") from None
-    if canonical != location:
-        raise UnsafeLocation(f"refusing to delete {location}: not a canonical name "
-                             f"({canonical})")
-    root = object_root_of(location, roots)
-    below = location[len(root) + 1:] if root else location.partition("://")[2].partition("/")[2]
-    parts = below.split("/")
+    parts = key_below_root(location, roots, "delete")
     if len(parts) < 3 or parts[-2] != ATTEMPT_DIR or ATTEMPT_DIR in parts[:-2]:
         raise UnsafeLocation(f"refusing to delete {location}: not a <table>/{ATTEMPT_DIR}/"
                              "<txn_id> prefix")

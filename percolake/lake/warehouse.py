@@ -123,14 +123,19 @@ def _decode_file_uri(uri: str) -> str:
     if "?" in rest or "#" in rest:
         raise InvalidArgument(f"table {uri!r}: a file URI cannot carry a query or fragment; "
                               "percent-encode '?' and '#' (%3F, %23) or give a plain path")
-    if _BAD_ESCAPE.search(rest):
-        raise InvalidArgument(f"table {uri!r}: '%' must start an escape such as %25")
-    if _UNSAFE_ESCAPE.search(rest):
-        raise InvalidArgument(f"table {uri!r}: an encoded '/' or NUL (%2F, %00) is not allowed")
+    return _decode_once(rest, repr(uri))
+
+
+def _decode_once(text: str, shown: str) -> str:
+    """Percent-decodes ``text`` once, refusing what decoding could make ambiguous."""
+    if _BAD_ESCAPE.search(text):
+        raise InvalidArgument(f"table {shown}: '%' must start an escape such as %25")
+    if _UNSAFE_ESCAPE.search(text):
+        raise InvalidArgument(f"table {shown}: an encoded '/' or NUL (%2F, %00) is not allowed")
     try:
-        return unquote(rest, errors="strict")
+        return unquote(text, errors="strict")
     except UnicodeDecodeError:
-        raise InvalidArgument(f"table {uri!r}: escapes must encode UTF-8 text") from None
+        raise InvalidArgument(f"table {shown}: escapes must encode UTF-8 text") from None
 
 
 def object_store_of(uri: str) -> ObjectStore | None:
@@ -174,15 +179,7 @@ def split_object_uri(uri: str) -> tuple[ObjectStore, str, str]:
     if not store.bucket.fullmatch(authority):
         raise InvalidArgument(f"table {shown}: {authority!r} is not a valid bucket name (no port, "
                               "upper case or other characters)")
-    if _BAD_ESCAPE.search(key):
-        raise InvalidArgument(f"table {shown}: '%' must start an escape")
-    if _UNSAFE_ESCAPE.search(key):
-        raise InvalidArgument(f"table {shown}: an encoded '/' or NUL (%2F, %00) is not allowed")
-    try:
-        key = unquote(key, errors="strict")
-    except UnicodeDecodeError:
-        raise InvalidArgument(f"table {shown}: escapes must encode UTF-8 text") from None
-    return store, authority, key
+    return store, authority, _decode_once(key, shown)
 
 
 def _canonical_object_uri(uri: str) -> str:
@@ -286,17 +283,25 @@ def check_table_location(canonical_uri: str, roots: Sequence[str] | None = None)
     if not is_object_store(canonical_uri):
         check_real_location(os.path.join(local_path(canonical_uri), "_delta_log"), roots)
         return
+    if ATTEMPT_DIR in key_below_root(canonical_uri, roots, "write"):
+        raise UnsafeLocation(f"{canonical_uri} lies inside a {ATTEMPT_DIR} folder")
+
+
+def key_below_root(uri: str, roots: Sequence[str] | None, doing: str) -> list[str]:
+    """The key segments of the canonical object-store ``uri`` below its root (below the bucket
+    without ``roots``).
+
+    Raises:
+        UnsafeLocation: ``uri`` is not a canonical name, or lies outside every root.
+    """
     try:
-        canonical = canonical_table_uri(canonical_uri)
+        canonical = canonical_table_uri(uri)
     except InvalidArgument as exc:
-        raise UnsafeLocation(f"refusing to write {safe_repr(canonical_uri)}: {exc}") from None
-    if canonical != canonical_uri:
-        raise UnsafeLocation(f"refusing to write {canonical_uri}: not a canonical table name "
-                             f"({canonical})")
-    root = object_root_of(canonical, roots)
-    below = canonical[len(root):] if root else canonical.partition("://")[2].partition("/")[2]
-    if ATTEMPT_DIR in below.split("/"):
-        raise UnsafeLocation(f"{canonical} lies inside a {ATTEMPT_DIR} folder")
+        raise UnsafeLocation(f"refusing to {doing} {safe_repr(uri)}: {exc}") from None
+    if canonical != uri:
+        raise UnsafeLocation(f"refusing to {doing} {uri}: not a canonical name ({canonical})")
+    root = object_root_of(uri, roots)
+    return (uri[len(root) + 1:] if root else uri.partition("://")[2].partition("/")[2]).split("/")
 
 
 def write_location(canonical_uri: str, txn_id: str) -> str:
