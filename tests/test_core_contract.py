@@ -261,3 +261,18 @@ def test_a_report_racing_the_commit_is_still_checked_against_the_log(tmp_path):
     core._get = get
     after = core.get_transaction(txn.txn_id)
     assert after.state != TxnState.APPLIED and not after.tables[a].applied  # nothing recorded
+
+
+def test_a_failing_cleanup_of_released_tables_never_fails_the_commit(tmp_path):
+    """Item 10 on the committed path: the folder of a table released at commit cannot be
+    deleted, yet the commit answers COMMITTED (the failure is only logged)."""
+    def remove(location: str) -> None:
+        raise RuntimeError(f"cannot delete {location}")
+
+    core = TransactionCoordinator(MemoryStore(), CoordinatorConfig([str(tmp_path)]),
+                                  applier=FakeDelta(), remove_files=remove)
+    a, b = table(tmp_path, "a"), table(tmp_path, "b")
+    txn, _ = core.open_transaction("p", 0, tables=[a, b])
+    committed = core.commit(txn.txn_id, None, [a], writes=[write(txn.txn_id, a)],
+                            release_unwritten=True)
+    assert committed.state == TxnState.COMMITTED and set(committed.tables) == {a}
