@@ -82,14 +82,7 @@ def configure_spark(builder: SparkSession.Builder,
     builder = _default(builder, options, "spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     if not os.environ.get("PYSPARK_PYTHON"):
         builder = _default(builder, options, "spark.pyspark.python", sys.executable)
-    builder = configure_object_store(builder)
     _announce_first_fetch(_options(builder))
-    return builder
-
-
-def configure_object_store(builder: SparkSession.Builder) -> SparkSession.Builder:
-    """Where the object-store settings go (issue 15: Hadoop's S3 connector and ``fs.s3a.*``
-    from the AWS environment when the warehouse is on S3). Local warehouses need none."""
     return builder
 
 
