@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -168,3 +169,81 @@ def publish(name: str, info: dict[str, object], body: str, result: dict[str, obj
     if append:
         command = f"python scripts/{name}.py " + " ".join(sys.argv[1:])
         append_report(name, info, body, command.strip())
+
+
+def ratio_interval(numerator: Sequence[Sequence[float]], denominator: Sequence[Sequence[float]],
+                   level: float = 0.95, resamples: int = 2000,
+                   seed: int = 20261123) -> tuple[float, float, float]:
+    """The ratio of medians median(numerator) / median(denominator) of an A/B run, with a
+    ``level`` bootstrap interval: (ratio, low, high).
+
+    ``numerator[i]`` and ``denominator[i]`` are the samples of pair i (run back to back). The
+    bootstrap resamples pairs (so drift between pairs widens the interval, as it should),
+    then samples within each chosen pair (one sample per pair: just the pair). Percentile
+    interval, fixed seed: the same samples give the same interval.
+    """
+    import random
+
+    pairs = [(list(n), list(d)) for n, d in zip(numerator, denominator, strict=True)
+             if n and d]
+    if not pairs:
+        nan = float("nan")
+        return nan, nan, nan
+    point = (statistics.median(v for n, _ in pairs for v in n)
+             / statistics.median(v for _, d in pairs for v in d))
+    rng = random.Random(seed)
+    ratios: list[float] = []
+    for _ in range(resamples):
+        num: list[float] = []
+        den: list[float] = []
+        for _ in pairs:
+            n, d = pairs[rng.randrange(len(pairs))]
+            num += rng.choices(n, k=len(n)) if len(n) > 1 else n
+            den += rng.choices(d, k=len(d)) if len(d) > 1 else d
+        ratios.append(statistics.median(num) / statistics.median(den))
+    tail = (1 - level) / 2 * 100
+    return point, pct(ratios, tail), pct(ratios, 100 - tail)
+
+
+def interval_text(ratio: float, low: float, high: float) -> str:
+    """``1.23 [1.10, 1.40]``: a ratio with its interval."""
+    return f"{ratio:.3f} [{low:.3f}, {high:.3f}]"
+
+
+# ---------------------------------------------------------------- object-store requests
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def moto_requests(log_path: Path, marker: str, start: int = 0) -> list[tuple[str, str]]:
+    """(method, path with query) of every request in moto's server log (the werkzeug access
+    lines ``MotoServer(log_path=...)`` collects) from byte ``start`` on whose line holds
+    ``marker`` (e.g. a run's own key prefix)."""
+    found: list[tuple[str, str]] = []
+    with open(log_path, "rb") as log:
+        log.seek(start)
+        for raw in log:
+            line = _ANSI.sub("", raw.decode("utf-8", "replace"))
+            if marker not in line or '"' not in line:
+                continue
+            request = line.split('"', 2)[1].split()
+            if len(request) >= 2:
+                found.append((request[0], request[1]))
+    return found
+
+
+def request_kinds(requests: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """Counts of S3 API calls by kind, from (method, path) pairs of moto's log: ``LIST``,
+    ``GET`` (object reads, ranged or not), ``HEAD``, ``PUT`` (single-request uploads and
+    server-side copies alike: the log does not tell them apart), ``multipart`` (create, part,
+    complete), ``DELETE``, ``POST`` (other)."""
+    kinds: dict[str, int] = {}
+    for method, path in requests:
+        if method == "GET" and "list-type=" in path:
+            kind = "LIST"
+        elif "uploadId=" in path or (method == "POST" and "?uploads" in path):
+            kind = "multipart"
+        else:
+            kind = method
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds

@@ -19,20 +19,25 @@ if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
   "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
   touch "$stamp"
 fi
-# delta-spark's jars come from Maven Central through Spark's Ivy (spark.jars.packages) on first
-# use; fetched here once, saying so, so that the demo and the tests do not pause silently.
-notice="$("$VENV/bin/python" -c 'from sparkside.session import first_fetch_notice as n; print(n() or "")')"
+# delta-spark's jars and Hadoop's S3 connector come from Maven Central through Spark's Ivy
+# (spark.jars.packages) on first use; fetched here once, saying so, so that the demo and the
+# tests do not pause silently.
+jars_conf='from sparkside.session import S3_CONNECTOR as p, S3_CONNECTOR_EXCLUDES as x
+conf = {"spark.jars.packages": ",".join(p), "spark.jars.excludes": ",".join(x)}'
+notice="$("$VENV/bin/python" -c "$jars_conf"'
+from sparkside.session import first_fetch_notice as n; print(n(conf) or "")')"
 if [[ -n "$notice" ]]; then
   echo "$notice" >&2
   log="$VENV/.percolake-jars.log"
   started=$SECONDS
-  if ! "$VENV/bin/python" -c 'from sparkside import local_spark; local_spark("percolake-jars", 1).stop()' \
+  if ! "$VENV/bin/python" -c "$jars_conf"'
+from sparkside import local_spark; local_spark("percolake-jars", 1, conf).stop()' \
       >"$log" 2>&1; then
     tail -n 20 "$log" >&2
-    echo "percolake: could not download delta-spark's jars from Maven Central (log: $log)" >&2
+    echo "percolake: could not download Spark's jars from Maven Central (log: $log)" >&2
     exit 1
   fi
-  echo "percolake: delta-spark's jars downloaded in $((SECONDS - started)) s" >&2
+  echo "percolake: Spark's jars downloaded in $((SECONDS - started)) s" >&2
 fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

@@ -10,11 +10,23 @@ through the participant, and meanwhile reads the tables two ways:
 Money is only moved, never made, so sum(debits) == sum(credits) in every consistent state. The
 demo counts how many reads of each kind broke that, shows the transactions with grpcurl, and
 ends by itself.
+
+Where it runs (default: local Spark, local Delta tables):
+
+- ``--s3``: the tables on an S3 API server the demo starts on 127.0.0.1 (moto's server);
+- ``--warehouse s3://bucket/prefix``: the tables on a real S3, MinIO or R2 bucket, reached with
+  the standard AWS variables of your environment (see the README);
+- ``--cluster``: Spark on a standalone cluster the demo starts from the PySpark installation (a
+  master and two workers on 127.0.0.1), executors in their own JVMs.
+
+``scripts/demo.sh --cluster --s3`` is the cluster-and-object-store mode in one command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +37,7 @@ from pathlib import Path
 
 import pyarrow
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import functions as F
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
 from percolake.lake.arrow_read import read_delta_table  # noqa: E402
+from percolake.lake.storage import s3_settings  # noqa: E402
+from percolake.lake.warehouse import is_object_store  # noqa: E402
 from sparkside import ConsistentReader, Participant, local_spark  # noqa: E402
 
 ACCOUNTS = 8
@@ -44,30 +59,33 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def table_sum(path: Path, version: int | None = None) -> int | None:
+def table_sum(table: str, version: int | None = None) -> int | None:
     """sum(amount) of a table at ``version`` (latest if None); None if it does not exist yet.
 
     Tables are read with ``read_delta_table``, not ``DeltaTable.to_pyarrow_table()``: a
     process that exits soon after the latter can abort (see percolake/lake/arrow_read.py).
     """
-    if not DeltaTable.is_deltatable(str(path)):
+    if not is_object_store(table) and not DeltaTable.is_deltatable(table):
         return None
-    amounts = read_delta_table(str(path), version, columns=["amount"]).column("amount")
+    try:
+        amounts = read_delta_table(table, version, columns=["amount"]).column("amount")
+    except TableNotFoundError:  # an object-store table before its first commit
+        return None
     return int(pyarrow.compute.sum(amounts).as_py() or 0)
 
 
-def previous_balances(path: Path, version: int | None) -> dict[int, int]:
+def previous_balances(table: str, version: int | None) -> dict[int, int]:
     """Each account's balance in the balances table at ``version`` ({} before the first)."""
     if version is None:
         return {}
-    rows = read_delta_table(str(path), version).to_pylist()
+    rows = read_delta_table(table, version).to_pylist()
     return {r["account"]: r["balance"] for r in rows}
 
 
 class Readers:
     """Two reader threads: naive (latest version of each table) and snapshot-consistent."""
 
-    def __init__(self, spark, target: str, lake: Path) -> None:  # noqa: ANN001
+    def __init__(self, spark, target: str, lake: str) -> None:  # noqa: ANN001
         self.lake = lake
         self.reader = ConsistentReader(spark, target)
         self.stop = threading.Event()
@@ -87,29 +105,29 @@ class Readers:
 
     def _naive_loop(self) -> None:
         while not self.stop.is_set():
-            debits = table_sum(self.lake / "debits")
+            debits = table_sum(f"{self.lake}/debits")
             time.sleep(READ_GAP_S)
-            credits = table_sum(self.lake / "credits")
+            credits = table_sum(f"{self.lake}/credits")
             if debits is None or credits is None:
                 continue
             self.naive[0] += 1
             self.naive[1] += debits != credits
 
     def _snapshot_loop(self) -> None:
-        tables = [str(self.lake / "debits"), str(self.lake / "credits")]
+        tables = [f"{self.lake}/debits", f"{self.lake}/credits"]
         while not self.stop.is_set():
             snap = self.reader.snapshot(tables)
             if None in snap.versions.values():
                 time.sleep(0.1)
                 continue
-            debits = table_sum(self.lake / "debits", snap.versions[tables[0]])
+            debits = table_sum(tables[0], snap.versions[tables[0]])
             time.sleep(READ_GAP_S)
-            credits = table_sum(self.lake / "credits", snap.versions[tables[1]])
+            credits = table_sum(tables[1], snap.versions[tables[1]])
             self.snapshot[0] += 1
             self.snapshot[1] += debits != credits
 
 
-def bank_job(spark, lake: Path, reader: ConsistentReader):  # noqa: ANN001, ANN201
+def bank_job(spark, lake: str, reader: ConsistentReader):  # noqa: ANN001, ANN201
     """The user's foreachBatch: transfers become debits, credits and new balances.
 
     The previous balances come from the latest snapshot, so a batch always builds on every
@@ -131,15 +149,15 @@ def bank_job(spark, lake: Path, reader: ConsistentReader):  # noqa: ANN001, ANN2
             credits.select("account", F.col("amount").alias("net"))
             .unionByName(debits.select("account", (-F.col("amount")).alias("net")))
             .groupBy("account").agg(F.sum("net").alias("net")).collect())}
-        balances_path = lake / "balances"
-        version = reader.snapshot([str(balances_path)]).versions[str(balances_path)]
-        previous = previous_balances(balances_path, version)
+        balances_table = f"{lake}/balances"
+        version = reader.snapshot([balances_table]).versions[balances_table]
+        previous = previous_balances(balances_table, version)
         balances = [(a, previous.get(a, OPENING_BALANCE) + moved.get(a, 0), batch_id)
                     for a in range(ACCOUNTS)]
-        txn.write(debits, str(lake / "debits"))
-        txn.write(credits, str(lake / "credits"))
+        txn.write(debits, f"{lake}/debits")
+        txn.write(credits, f"{lake}/credits")
         txn.write(spark.createDataFrame(balances, "account long, balance long, batch long"),
-                  str(balances_path), mode="overwrite")
+                  balances_table, mode="overwrite")
         transfers.unpersist()
 
     return write_batch
@@ -180,18 +198,59 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60, help="how long the job streams")
     parser.add_argument("--rows-per-batch", type=int, default=40, help="transfers per batch")
     parser.add_argument("--keep", action="store_true", help="keep the data and tables")
+    parser.add_argument("--s3", action="store_true",
+                        help="tables on an S3 API server (moto) started on 127.0.0.1")
+    parser.add_argument("--warehouse", metavar="s3://BUCKET/PREFIX",
+                        help="tables below this object-store prefix, reached with your AWS_* "
+                             "variables or profile (a real S3, MinIO or R2)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="Spark on a standalone cluster (master + 2 workers on 127.0.0.1)")
     args = parser.parse_args()
+    if args.s3 and args.warehouse:
+        parser.error("--s3 starts its own S3 server; --warehouse names yours: pick one")
+    if args.warehouse and not is_object_store(args.warehouse):
+        parser.error(f"--warehouse takes an s3:// URI, got {args.warehouse!r}")
 
     work = Path(tempfile.mkdtemp(prefix="percolake-demo-"))
-    lake = work / "lake"
-    lake.mkdir()
     say(f"working in {work}")
-    daemon = DaemonProcess(work / "coordinator-data", [str(lake)])
+    with contextlib.ExitStack() as cleanup:
+        return run(args, work, cleanup)
+
+
+def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> int:
+    if args.s3:
+        from tests.s3_support import MotoServer
+
+        say("starting an S3 API server (moto) on 127.0.0.1")
+        server = MotoServer(log_path=work / "moto.log").start()
+        cleanup.callback(server.stop)
+        os.environ.update(server.env())
+        lake = f"s3://{server.create_bucket('percolake-demo')}/lake"
+    elif args.warehouse:
+        lake = args.warehouse.rstrip("/") + f"/demo-{int(time.time())}"
+    else:
+        (work / "lake").mkdir()
+        lake = str(work / "lake")
+    if is_object_store(lake):
+        say(f"tables below {lake} ({s3_settings().describe()})")
+    master, conf = None, None
+    if args.cluster:
+        from tests.cluster_support import SparkCluster
+
+        say("starting a Spark standalone cluster: a master and two workers on 127.0.0.1")
+        cluster = SparkCluster(work / "cluster").start()
+        cleanup.callback(cluster.stop)
+        master, conf = cluster.master_url, cluster.app_conf()
+        say(f"cluster master {master}")
+    daemon = DaemonProcess(work / "coordinator-data", [lake])
     daemon.start()
+    cleanup.callback(daemon.stop)
     say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir})")
-    spark = local_spark("percolake-demo")
+    spark = local_spark("percolake-demo", conf=conf, warehouse=lake, master=master)
+    cleanup.callback(spark.stop)
     spark.sparkContext.setLogLevel("ERROR")
-    say("Spark started; streaming bank transfers into debits, credits and balances")
+    say(f"Spark started ({spark.sparkContext.master}); streaming bank transfers into debits, "
+        "credits and balances")
 
     participant = Participant(daemon.target, pipeline_id="bank")
     signal = BatchSignal(participant.wrap(bank_job(spark, lake,
@@ -219,10 +278,10 @@ def main() -> int:
         return 1
 
     snap = ConsistentReader(spark, daemon.target).snapshot(
-        [str(lake / "debits"), str(lake / "credits"), str(lake / "balances")])
-    debits = snap.table(str(lake / "debits")).agg(F.sum("amount")).first()[0]
-    credits = snap.table(str(lake / "credits")).agg(F.sum("amount")).first()[0]
-    total = snap.table(str(lake / "balances")).agg(F.sum("balance")).first()[0]
+        [f"{lake}/debits", f"{lake}/credits", f"{lake}/balances"])
+    debits = snap.table(f"{lake}/debits").agg(F.sum("amount")).first()[0]
+    credits = snap.table(f"{lake}/credits").agg(F.sum("amount")).first()[0]
+    total = snap.table(f"{lake}/balances").agg(F.sum("balance")).first()[0]
     print()
     print("=" * 72)
     print(f"naive reads:    {readers.naive[0]:>5}, of which broke sum(debits) == sum(credits): "
@@ -239,8 +298,7 @@ def main() -> int:
           f"{daemon.target} percolake.v1.Coordinator/ListTransactions")
     print(grpcurl(daemon.target, "-d", '{"pipeline_id":"bank","page_size":2}',
                   "percolake.v1.Coordinator/ListTransactions"))
-    spark.stop()
-    daemon.stop()
+    cleanup.close()  # Spark, the coordinator, the cluster and the S3 server, in that order
     if args.keep:
         say(f"kept {work}")
     else:

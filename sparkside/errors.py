@@ -37,3 +37,7 @@ class SchemaMismatch(PercolakeError):
 
 class TableNotWritten(PercolakeError):
     """The table has no committed write at or before the snapshot."""
+
+
+class ObjectStoreNotConfigured(PercolakeError):
+    """The SparkSession cannot reach the object store: Hadoop's S3 connector is missing."""

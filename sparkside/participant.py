@@ -24,7 +24,7 @@ from percolake.errors import ProtocolError
 from percolake.failpoints import fail_point
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.delta_commit import apply_table_write
-from percolake.lake.warehouse import canonical_table_uri
+from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
@@ -36,6 +36,7 @@ from sparkside.errors import (
 )
 from sparkside.heartbeat import Heartbeat
 from sparkside.schema_check import SchemaChecker
+from sparkside.session import use_object_store_settings
 from sparkside.writer import delta_schema_json, write_files
 
 log = logging.getLogger("percolake.participant")
@@ -86,6 +87,8 @@ class BatchTransaction:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
         location = self.locations.get(canonical) or self._declare(table, canonical)
+        if is_object_store(canonical):  # the user's own reads of the store, as the reader's
+            use_object_store_settings(df.sparkSession)
         schema_json = delta_schema_json(df)
         partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
                                          mode, self.batch_id)

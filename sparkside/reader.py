@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from percolake.lake.warehouse import spark_uri
+from percolake.lake.warehouse import is_object_store, spark_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
-from sparkside.errors import TableNotWritten
+from sparkside.errors import ObjectStoreNotConfigured, TableNotWritten
+from sparkside.session import use_object_store_settings
 
 AsOf = int | tuple[str, int] | tuple[str, int, int] | None
 
@@ -83,5 +84,24 @@ class ConsistentReader:
 
 
 def read_table_version(spark: SparkSession, table_uri: str, version: int) -> DataFrame:
-    """One Delta table at one version as a Spark DataFrame (delta-spark's ``versionAsOf``)."""
-    return spark.read.format("delta").option("versionAsOf", version).load(spark_uri(table_uri))
+    """One Delta table at one version as a Spark DataFrame (delta-spark's ``versionAsOf``).
+
+    A table on an object store is read through Hadoop's S3 connector; the session gets
+    ``fs.s3a.*`` from the AWS environment unless the user set them.
+
+    Raises:
+        ObjectStoreNotConfigured: the session lacks Hadoop's S3 connector.
+    """
+    if is_object_store(table_uri):
+        use_object_store_settings(spark)
+    try:
+        return spark.read.format("delta").option("versionAsOf", version) \
+            .load(spark_uri(table_uri))
+    except Exception as exc:
+        if "S3AFileSystem" in str(exc) and "not found" in str(exc).lower():
+            raise ObjectStoreNotConfigured(
+                f"cannot read {table_uri}: this SparkSession lacks Hadoop's S3 connector; "
+                "build it with sparkside.configure_spark(builder, warehouse='s3://...') "
+                "(it adds the connector's jars, which Spark loads only at the session's "
+                "start)") from None
+        raise

@@ -2,8 +2,9 @@
 
 ``configure_spark(builder)`` adds delta-spark to a user's ``SparkSession.builder``: its jar
 (fetched by Spark from Maven Central on first use, see ``spark.jars.packages``), its SQL
-extension and catalog, and ``spark.pyspark.python``. ``local_spark`` is the local session of
-percolake's tests and demo, built on it.
+extension and catalog, and ``spark.pyspark.python``; with a warehouse on S3 also Hadoop's S3
+connector and ``fs.s3a.*`` from the AWS environment. ``local_spark`` is the session of
+percolake's tests and demo (local, or on a cluster's master), built on it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pyspark
 from pyspark.sql import SparkSession
+
+from percolake.lake.storage import hadoop_s3a_options
+from percolake.lake.warehouse import is_object_store
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
@@ -49,6 +53,19 @@ SPARK_PROVIDED = (
     "commons-pool:commons-pool",
 )
 
+# Hadoop's S3 connector for PySpark's Hadoop (3.5.0) and the AWS SDK v2 modules it uses, at the
+# SDK version that Hadoop 3.5.0 is built with. hadoop-aws asks for the SDK's "bundle" (~600 MB,
+# every AWS service); the S3 modules alone are ~18 MB with their dependencies.
+HADOOP_AWS_VERSION = "3.5.0"
+AWS_SDK_VERSION = "2.35.4"
+S3_CONNECTOR = (
+    f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
+    f"software.amazon.awssdk:s3:{AWS_SDK_VERSION}",
+    f"software.amazon.awssdk:s3-transfer-manager:{AWS_SDK_VERSION}",
+)
+S3_CONNECTOR_EXCLUDES = ("software.amazon.awssdk:bundle",)
+S3A_PREFIX = "spark.hadoop.fs.s3a."
+
 _announced: set[str] = set()
 
 
@@ -60,8 +77,8 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_minor}_{SCALA_VERSION}:{delta_version}"
 
 
-def configure_spark(builder: SparkSession.Builder,
-                    extra_packages: Iterable[str] = ()) -> SparkSession.Builder:
+def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str] = (),
+                    warehouse: str | Sequence[str] | None = None) -> SparkSession.Builder:
     """``builder`` with what percolake needs; call it before ``getOrCreate()``.
 
     - delta-spark: its jar in ``spark.jars.packages`` (with ``extra_packages``), its SQL
@@ -69,15 +86,25 @@ def configure_spark(builder: SparkSession.Builder,
       fetches the jars from Maven Central into its Ivy cache (``spark.jars.ivy``, default
       ``~/.ivy2.5.2``) when the session starts: about 13 MB the first time, nothing after.
     - ``spark.pyspark.python``: this interpreter, so that executors run the same Python.
+    - when ``warehouse`` (a root or table URI, or several) is on S3: Hadoop's S3 connector
+      (``S3_CONNECTOR``, for delta-spark's reads through ``s3a://``) and ``spark.hadoop.fs.s3a.*``
+      from the AWS variables or profile (``percolake.lake.storage``), each only where the
+      builder has no value of its own. They hold credentials: Spark redacts them in its UI.
 
     Settings the builder already has are kept: lists (packages, excludes, extensions) are
     extended, ``spark_catalog`` and ``spark.pyspark.python`` (or ``PYSPARK_PYTHON``) are left
     as they are. Calling it twice changes nothing the second time.
     """
     options = _options(builder)
-    packages = [delta_package(), *extra_packages]
+    on_object_store = any(is_object_store(u) for u in _uris(warehouse))
+    packages = [delta_package(), *(S3_CONNECTOR if on_object_store else ()), *extra_packages]
+    excludes = [*SPARK_PROVIDED, *(S3_CONNECTOR_EXCLUDES if on_object_store else ())]
     builder = _extend(builder, options, "spark.jars.packages", packages)
-    builder = _extend(builder, options, "spark.jars.excludes", SPARK_PROVIDED)
+    builder = _extend(builder, options, "spark.jars.excludes", excludes)
+    if on_object_store and not any(k.startswith(S3A_PREFIX) for k in options):
+        # the user's own fs.s3a settings win whole: never mix their credentials with ours
+        for key, value in hadoop_s3a_options().items():
+            builder = builder.config(key, value)
     builder = _extend(builder, options, "spark.sql.extensions", [DELTA_EXTENSION])
     builder = _default(builder, options, "spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     if not os.environ.get("PYSPARK_PYTHON"):
@@ -87,10 +114,13 @@ def configure_spark(builder: SparkSession.Builder,
 
 
 def local_spark(app_name: str = "percolake", cores: int = 2,
-                conf: Mapping[str, str] | None = None) -> SparkSession:
-    """A local SparkSession with delta-spark (``configure_spark``); ``conf`` is applied
-    first, as a user's own settings."""
-    builder = (SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+                conf: Mapping[str, str] | None = None,
+                warehouse: str | Sequence[str] | None = None,
+                master: str | None = None) -> SparkSession:
+    """A SparkSession with delta-spark (``configure_spark``, with ``warehouse``): local with
+    ``cores`` threads, or on ``master`` (e.g. ``spark://127.0.0.1:7077``) with at most ``cores``
+    executor cores. ``conf`` is applied first, as a user's own settings."""
+    builder = (SparkSession.builder.master(master or f"local[{cores}]").appName(app_name)
                .config("spark.sql.shuffle.partitions", str(cores))
                # delta-spark rebuilds a version's state in 50 tasks by default: tiny local
                # tables then take ~4 s a read instead of ~0.8 s
@@ -100,9 +130,37 @@ def local_spark(app_name: str = "percolake", cores: int = 2,
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
                .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC"))
+    if master:
+        builder = builder.config("spark.cores.max", str(cores))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return configure_spark(builder).getOrCreate()
+    return configure_spark(builder, warehouse=warehouse).getOrCreate()
+
+
+def use_object_store_settings(spark: SparkSession) -> None:
+    """Gives a running session's Hadoop configuration ``fs.s3a.*`` from the AWS variables or
+    profile, unless the user configured ``fs.s3a`` credentials themselves (in the SparkConf or
+    the Hadoop configuration). Hadoop caches a filesystem per bucket: call it before the
+    session first touches a bucket. The session needs Hadoop's S3 connector from its start
+    (``configure_spark(builder, warehouse="s3://...")``).
+
+    Raises:
+        StorageSettingsError: no settings to give, naming the variable to set.
+    """
+    if getattr(spark, "_percolake_s3a_done", False):
+        return  # once per session: a few JVM round trips otherwise on every write
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    user_set = any(k.startswith(S3A_PREFIX) for k, _ in spark.sparkContext.getConf().getAll())
+    if not (user_set or hadoop.get("fs.s3a.access.key") or hadoop.get("fs.s3a.session.token")):
+        for key, value in hadoop_s3a_options().items():
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
+    spark._percolake_s3a_done = True  # type: ignore[attr-defined]
+
+
+def _uris(warehouse: str | Sequence[str] | None) -> list[str]:
+    if warehouse is None:
+        return []
+    return [warehouse] if isinstance(warehouse, str) else [str(u) for u in warehouse]
 
 
 def ivy_jars_dir(options: Mapping[str, str]) -> Path:
@@ -112,19 +170,33 @@ def ivy_jars_dir(options: Mapping[str, str]) -> Path:
 
 
 def first_fetch_notice(options: Mapping[str, str] | None = None) -> str | None:
-    """The line to show before Spark first downloads delta-spark's jars, or None when they are
-    in the Ivy cache already (or the user's own ``spark.jars.ivySettings`` decide)."""
+    """The line to show before Spark first downloads delta-spark's jars (and Hadoop's S3
+    connector when ``options`` ask for it), or None when they are in the Ivy cache already (or
+    the user's own ``spark.jars.ivySettings`` decide)."""
     options = options or {}
     if "spark.jars.ivySettings" in options:
         return None
-    package = delta_package()
-    group, artifact, version = package.split(":")
     jars = ivy_jars_dir(options)
-    if (jars / f"{group}_{artifact}-{version}.jar").exists():
+    wanted = options.get("spark.jars.packages", "").split(",")
+    missing = []
+    for what, packages, size in (("delta-spark", (delta_package(),), 13),
+                                 ("Hadoop's S3 connector", S3_CONNECTOR, 18)):
+        if what != "delta-spark" and not set(packages) & set(wanted):
+            continue
+        if not all((jars / _jar_name(p)).exists() for p in packages):
+            missing.append((what, packages[0], size))
+    if not missing:
         return None
-    return (f"percolake: first use of delta-spark: Spark downloads {package} and its "
-            f"dependencies (about 13 MB) from Maven Central into {jars.parent} as the session "
-            "starts; later runs use that copy")
+    names = " and ".join(f"{package} ({what})" for what, package, _ in missing)
+    size = sum(size for *_, size in missing)
+    return (f"percolake: first use of {' and '.join(w for w, *_ in missing)}: Spark downloads "
+            f"{names} with their dependencies (about {size} MB) from Maven Central into "
+            f"{jars.parent} as the session starts; later runs use that copy")
+
+
+def _jar_name(package: str) -> str:
+    group, artifact, version = package.split(":")
+    return f"{group}_{artifact}-{version}.jar"
 
 
 def _announce_first_fetch(options: Mapping[str, str]) -> None:

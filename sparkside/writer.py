@@ -1,16 +1,15 @@
 """Writing one table's data files with Spark's executors, and describing them as Delta adds.
 
-Executors write Parquet once, into the attempt's folder ``<table>/_percolake/<txn_id>``; the
-driver then reads only the files' footers (pyarrow) for Delta's per-file stats.
+Executors write Parquet once, into the attempt's folder ``<table>/_percolake/<txn_id>``. On a
+local filesystem Spark's Parquet writer does it and the driver reads the files' footers (pyarrow)
+for Delta's per-file stats; on an object store ``object_writer`` does both on the executors.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import decimal
 import json
-import math
 import os
 import zoneinfo
 from pathlib import Path
@@ -22,8 +21,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from percolake.lake.warehouse import local_path
+from percolake.lake.warehouse import is_object_store, local_path
 from percolake.records import AddFileRecord
+from sparkside.object_writer import write_object_files
+from sparkside.parquet_stats import delta_stats
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"
@@ -53,8 +54,12 @@ def write_files(df: DataFrame, table_uri: str, location_uri: str,
                 partition_by: list[str]) -> list[AddFileRecord]:
     """Has the executors write ``df`` as Parquet under ``location_uri``; returns the adds.
 
-    Paths in the returned adds are relative to the table root, as Delta stores them.
+    Paths in the returned adds are relative to the table root, as Delta stores them. On an
+    object store the executors write through Arrow (``object_writer``); locally through Spark's
+    Parquet writer, then the driver reads the footers.
     """
+    if is_object_store(location_uri):
+        return write_object_files(df, table_uri, location_uri, partition_by)
     location = local_path(location_uri)
     writer = df.write.mode("overwrite").option("compression", "snappy")
     if partition_by:
@@ -113,7 +118,7 @@ def describe_files(table_uri: str, location: str, partition_by: list[str]) -> li
                 size=path.stat().st_size,
                 partition_values=_partition_values(path.relative_to(location), partition_by),
                 modification_time=int(path.stat().st_mtime * 1000),
-                stats=json.dumps(_stats(metadata), separators=(",", ":")),
+                stats=json.dumps(delta_stats(metadata), separators=(",", ":")),
             ))
     return sorted(adds, key=lambda a: a.path)
 
@@ -129,65 +134,3 @@ def _partition_values(relative: Path, partition_by: list[str]) -> dict[str, str 
     if missing:
         raise AssertionError(f"file {relative} lacks partition folders for {missing}")
     return values
-
-
-def _json_value(value: object) -> object:
-    """A Parquet statistic as a Delta stats JSON value, or None when it has none that is exact."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # NaN is not JSON, and Parquet's order of NaN is not Delta's
-    if isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:  # timestamp_ntz: no zone to name
-            return value.isoformat(timespec="microseconds")
-        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None) \
-            .isoformat(timespec="microseconds") + "Z"
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        as_float = float(value)
-        return as_float if decimal.Decimal(as_float) == value else None  # never a rounded bound
-    return None  # binary and other types: no min/max
-
-
-def _stats(metadata: pq.FileMetaData) -> dict[str, object]:
-    """numRecords, and min/max/nullCount of top-level columns over all row groups.
-
-    A column gets a bound or a null count only when every row group has it. Floating-point
-    columns get no min/max: Parquet's statistics may leave NaN out, while Spark orders NaN
-    above every number, so a bound could make a reader skip a file it needs.
-    """
-    mins: dict[str, object] = {}
-    maxs: dict[str, object] = {}
-    nulls: dict[str, int] = {}
-    no_bounds: set[str] = set()
-    no_nulls: set[str] = set()
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        for c in range(group.num_columns):
-            column = group.column(c)
-            name = column.path_in_schema
-            if "." in name:
-                continue  # nested fields: no stats
-            stats = column.statistics
-            if stats is None or not stats.has_null_count:
-                no_nulls.add(name)
-            else:
-                nulls[name] = nulls.get(name, 0) + stats.null_count
-            if column.physical_type in ("FLOAT", "DOUBLE"):
-                no_bounds.add(name)
-            elif stats is not None and stats.has_min_max:
-                low, high = _json_value(stats.min), _json_value(stats.max)
-                if low is None or high is None:
-                    no_bounds.add(name)
-                    continue
-                mins[name] = low if name not in mins else min(mins[name], low)  # type: ignore
-                maxs[name] = high if name not in maxs else max(maxs[name], high)  # type: ignore
-            elif stats is None or stats.null_count != group.num_rows:
-                no_bounds.add(name)  # values without bounds (an all-null group has none)
-    return {
-        "numRecords": metadata.num_rows,
-        "minValues": {n: v for n, v in mins.items() if n not in no_bounds},
-        "maxValues": {n: v for n, v in maxs.items() if n not in no_bounds},
-        "nullCount": {n: v for n, v in nulls.items() if n not in no_nulls},
-    }

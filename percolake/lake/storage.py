@@ -284,10 +284,12 @@ def delta_storage_options(uri: str) -> dict[str, str]:
     return options
 
 
-def s3_filesystem() -> pafs.S3FileSystem:
-    """Arrow's native S3 filesystem with the current settings and bounds (cached)."""
-    settings = s3_settings()
-    bounds = _limits
+def s3_filesystem(settings: S3Settings | None = None,
+                  bounds: Limits | None = None) -> pafs.S3FileSystem:
+    """Arrow's native S3 filesystem with ``settings`` and ``bounds`` (default: the current
+    ones; cached). Spark's executors pass the driver's, which their tasks carry."""
+    settings = settings or s3_settings()
+    bounds = bounds or _limits
     key = (settings, bounds)
     with _lock:
         cached = _fs_cache.get(key)
@@ -301,7 +303,9 @@ def s3_filesystem() -> pafs.S3FileSystem:
         endpoint_override=endpoint.netloc if endpoint else None,
         request_timeout=bounds.timeout_s, connect_timeout=bounds.connect_timeout_s,
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=bounds.max_retries),
-        allow_bucket_creation=False, allow_bucket_deletion=False)
+        allow_bucket_creation=False, allow_bucket_deletion=False,
+        # a small object is one PUT when its stream closes, not a multipart upload (3 requests)
+        allow_delayed_open=True)
     with _lock:
         if len(_fs_cache) > 4:
             _fs_cache.clear()
@@ -344,13 +348,15 @@ def hadoop_s3a_options(environ: Mapping[str, str] | None = None) -> dict[str, st
 # ---------------------------------------------------------------- errors
 
 
-def scrub(text: str) -> str:
-    """``text`` without terminal colours and without any credential of the current settings."""
+def scrub(text: str, secrets: Iterable[str] | None = None) -> str:
+    """``text`` without terminal colours and without ``secrets`` (default: every credential of
+    the current settings)."""
     text = _ANSI.sub("", text)
-    try:
-        secrets = s3_settings().secrets
-    except ProtocolError:
-        secrets = ()
+    if secrets is None:
+        try:
+            secrets = s3_settings().secrets
+        except ProtocolError:
+            secrets = ()
     for secret in secrets:
         if len(secret) >= 8:  # real ones are 40+ characters; never mangle a message for less
             text = text.replace(secret, "<redacted>")

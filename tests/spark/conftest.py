@@ -15,22 +15,38 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from percolake import failpoints
+from percolake.lake.storage import hadoop_s3a_options
 from sparkside import Participant, local_spark
-from sparkside.session import first_fetch_notice
+from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES, first_fetch_notice
+
+# The shared session carries Hadoop's S3 connector from its start (jars cannot be added later);
+# the S3 tests give it the moto server's settings when they run (``spark_s3``).
+S3_JARS = {"spark.jars.packages": ",".join(S3_CONNECTOR),
+           "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}
 
 
 @pytest.fixture(scope="session")
 def spark(pytestconfig: pytest.Config) -> Iterator[SparkSession]:
     """The one SparkSession of the run, with delta-spark (``sparkside.configure_spark``)."""
-    notice = first_fetch_notice()
+    notice = first_fetch_notice(S3_JARS)
     if notice:  # the first run downloads delta-spark's jars: say so past pytest's capture
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             print(f"\n{notice}", file=sys.stderr, flush=True)
-    session = local_spark("percolake-tests")
+    session = local_spark("percolake-tests", conf=S3_JARS)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def spark_s3(spark: SparkSession, s3_env: dict[str, str]) -> SparkSession:
+    """The shared session reading ``s3a://`` from the moto server of ``s3_env`` (Hadoop caches
+    a filesystem per bucket: each test's new bucket gets these settings)."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in hadoop_s3a_options().items():  # this test's server, over an earlier one
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+    return spark
 
 
 @pytest.fixture(scope="module")

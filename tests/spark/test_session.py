@@ -13,11 +13,13 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+from percolake.lake.storage import StorageSettingsError
 from sparkside import configure_spark
 from sparkside import session as sessions
 from sparkside.session import (
     DELTA_CATALOG,
     DELTA_EXTENSION,
+    S3_CONNECTOR,
     SPARK_PROVIDED,
     delta_package,
     first_fetch_notice,
@@ -63,6 +65,54 @@ def test_configure_spark_keeps_the_users_settings_and_is_idempotent(monkeypatch)
     assert once["spark.sql.catalog.spark_catalog"] == "org.example.Catalog"
     assert once["spark.pyspark.python"] == "/opt/python/bin/python3"
     assert options(configure_spark(builder)) == once
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):  # noqa: ANN001, ANN201
+    """AWS variables of a made-up endpoint, and no profile files to fall back on."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "secret-" + "x" * 32,
+           "AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+           "AWS_ALLOW_HTTP": "true",
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+           "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def test_a_warehouse_on_s3_adds_the_s3_connector_and_s3a_settings_from_the_environment(aws_env):
+    got = options(configure_spark(SparkSession.builder, warehouse="s3a://lake/wh"))
+    assert got["spark.jars.packages"].split(",") == [delta_package(), *S3_CONNECTOR]
+    assert "software.amazon.awssdk:bundle" in got["spark.jars.excludes"].split(",")
+    assert got["spark.hadoop.fs.s3a.access.key"] == "key-id"
+    assert got["spark.hadoop.fs.s3a.secret.key"] == aws_env["AWS_SECRET_ACCESS_KEY"]
+    assert got["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9"
+    assert got["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert got["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert got["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+
+
+def test_a_local_warehouse_gets_no_s3_connector(aws_env, tmp_path):
+    got = options(configure_spark(SparkSession.builder, warehouse=[str(tmp_path)]))
+    assert got["spark.jars.packages"] == delta_package()
+    assert not any(k.startswith("spark.hadoop.fs.s3a.") for k in got)
+
+
+def test_the_users_own_s3a_settings_win_whole(aws_env):
+    builder = SparkSession.builder.config("spark.hadoop.fs.s3a.access.key", "theirs")
+    got = options(configure_spark(builder, warehouse="s3://lake/wh"))
+    assert got["spark.hadoop.fs.s3a.access.key"] == "theirs"
+    assert "spark.hadoop.fs.s3a.secret.key" not in got
+    assert "spark.hadoop.fs.s3a.endpoint" not in got
+
+
+def test_an_s3_warehouse_without_credentials_names_the_variable(aws_env, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(StorageSettingsError, match="AWS_ACCESS_KEY_ID"):
+        configure_spark(SparkSession.builder, warehouse="s3://lake/wh")
 
 
 def test_pyspark_python_from_the_environment_is_left_to_spark(monkeypatch):

@@ -1,0 +1,118 @@
+"""The participant end to end on S3 tables (moto), with the local session's executors: each
+batch's files are written once under its attempt prefix, committed exactly once, and read back
+at one snapshot through delta-spark and delta-rs alike."""
+
+from __future__ import annotations
+
+import pyarrow
+import pytest
+from deltalake import DeltaTable
+
+from percolake.lake import storage
+from percolake.lake.arrow_read import read_delta_table
+from percolake.v1 import coordinator_pb2 as pb
+from sparkside import ConsistentReader, Participant
+from tests.spark.helpers import committed_batches, transactions
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def s3_daemon(daemon_factory, moto_server, s3_bucket, tmp_path):  # noqa: ANN001, ANN201
+    root = f"s3://{s3_bucket}/wh"
+    running = daemon_factory.start(["--roll-forward-after", "2"], warehouse=root,
+                                   data_dir=tmp_path / "data", env=moto_server.env(),
+                                   name="s3")
+    yield running, root
+    running.stop()
+
+
+def referenced_paths(table: str) -> set[str]:
+    options = storage.delta_storage_options(table)
+    latest = DeltaTable(table, storage_options=options).version()
+    paths: set[str] = set()
+    for version in range(latest + 1):
+        actions = DeltaTable(table, version=version, storage_options=options) \
+            .get_add_actions(flatten=False)
+        paths.update(pyarrow.table(actions).column("path").to_pylist())
+    return paths
+
+
+def test_batches_over_three_s3_tables_commit_once_and_read_back_consistently(
+        spark_s3, s3_daemon):
+    daemon, root = s3_daemon
+    tables = {name: f"{root}/{name}" for name in ("orders", "items", "totals")}
+    participant = Participant(daemon.target, pipeline_id="s3-batches")
+
+    def batch(df, batch_id, txn):  # noqa: ANN001, ANN202
+        rows = spark_s3.range(batch_id * 10, batch_id * 10 + 10) \
+            .selectExpr("id", "cast(id % 2 as string) as part")
+        txn.write(rows, tables["orders"], partition_by=["part"])
+        txn.write(rows.selectExpr("id", "id * 2 as qty"), tables["items"])
+        txn.write(rows.selectExpr("max(id) as last"), tables["totals"], mode="overwrite")
+
+    for batch_id in range(3):
+        participant.run_batch(spark_s3.range(1), batch_id, batch)
+    participant.run_batch(spark_s3.range(1), 1, batch)  # a replay: nothing new
+    committed = committed_batches(daemon.stub, participant.pipeline_id)
+    assert sorted(committed) == [0, 1, 2]
+    assert len(transactions(daemon.stub, participant.pipeline_id)) == 3
+    assert all(t.state == pb.APPLIED for t in committed.values())
+
+    snapshot = ConsistentReader(spark_s3, daemon.target).snapshot(list(tables.values()))
+    assert snapshot.versions == {t: 2 for t in tables.values()}
+    through_spark = {name: sorted(r[0] for r in snapshot.table(t).collect())
+                     for name, t in tables.items()}
+    through_rs = {name: sorted(read_delta_table(t).column(0).to_pylist())
+                  for name, t in tables.items()}
+    assert through_spark == through_rs == {"orders": list(range(30)), "items": list(range(30)),
+                                           "totals": [29]}
+    # every object under the tables is a log entry or a file some version references
+    for t in tables.values():
+        objects = set(storage.list_files(t))
+        data = {p for p in objects if not p.startswith("_delta_log/")}
+        assert data == referenced_paths(t)
+    participant.close()
+
+
+def test_delta_spark_skips_files_by_the_executors_stats_and_reads_every_version_on_s3(
+        spark_s3, s3_daemon):
+    """What executors computed as they wrote is what delta-spark skips files by; DESCRIBE
+    HISTORY has one entry per batch and ``versionAsOf`` reads what delta-rs reads."""
+    from pyspark.sql import functions as F
+
+    from tests.spark.test_delta_spark import EVENTS_SCHEMA, events_rows
+
+    daemon, root = s3_daemon
+    events = f"{root}/events"
+    participant = Participant(daemon.target, pipeline_id="s3-stats")
+    for batch in range(4):
+        participant.run_batch(spark_s3.range(1), batch, lambda df, b, txn: txn.write(
+            spark_s3.createDataFrame(events_rows(b), EVENTS_SCHEMA).coalesce(1), events,
+            partition_by=["day"]))
+    location = events.replace("s3://", "s3a://")
+    frame = spark_s3.read.format("delta").load(location)
+    adds = pyarrow.table(DeltaTable(events, storage_options=storage.delta_storage_options(
+        events)).get_add_actions(flatten=True))
+    file_of_batch = {min_id // 10: path.rsplit("/", 1)[1] for path, min_id in zip(
+        adds.column("path").to_pylist(), adds.column("min.id").to_pylist(), strict=True)}
+    assert sorted(file_of_batch) == [0, 1, 2, 3]
+
+    def files_read(condition) -> set[str]:  # noqa: ANN001
+        return {f.rsplit("/", 1)[1] for f in frame.where(condition).inputFiles()}
+
+    for batch, file in file_of_batch.items():
+        first = events_rows(batch)[0]
+        for column, value in zip(("id", "name", "day", "at", "wall", "amount"), first[:6],
+                                 strict=True):
+            assert files_read(F.col(column) == F.lit(value)) == {file}, (column, batch)
+    assert files_read(F.col("score") == 1.0) == set(file_of_batch.values())
+    history = spark_s3.sql(f"DESCRIBE HISTORY delta.`{location}`").collect()
+    assert sorted(h.version for h in history) == [0, 1, 2, 3]
+    for version in range(4):
+        through_spark = sorted(r.id for r in
+                               spark_s3.read.format("delta").option("versionAsOf", version)
+                               .load(location).collect())
+        assert through_spark == sorted(read_delta_table(events, version).column("id")
+                                       .to_pylist())
+    participant.close()
