@@ -59,12 +59,13 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def table_sum(table: str, version: int | None = None) -> int | None:
+def table_sum(table: str | Path, version: int | None = None) -> int | None:
     """sum(amount) of a table at ``version`` (latest if None); None if it does not exist yet.
 
     Tables are read with ``read_delta_table``, not ``DeltaTable.to_pyarrow_table()``: a
     process that exits soon after the latter can abort (see percolake/lake/arrow_read.py).
     """
+    table = str(table)
     if not is_object_store(table) and not DeltaTable.is_deltatable(table):
         return None
     try:
@@ -74,11 +75,11 @@ def table_sum(table: str, version: int | None = None) -> int | None:
     return int(pyarrow.compute.sum(amounts).as_py() or 0)
 
 
-def previous_balances(table: str, version: int | None) -> dict[int, int]:
+def previous_balances(table: str | Path, version: int | None) -> dict[int, int]:
     """Each account's balance in the balances table at ``version`` ({} before the first)."""
     if version is None:
         return {}
-    rows = read_delta_table(table, version).to_pylist()
+    rows = read_delta_table(str(table), version).to_pylist()
     return {r["account"]: r["balance"] for r in rows}
 
 

@@ -142,6 +142,18 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A Spark standalone cluster for the session (``tests/cluster_support.py``): a master and
+    two one-core workers on 127.0.0.1, each its own JVM; ``.master_url`` to submit to,
+    ``.app_conf()`` an application's settings, ``.logs()`` the daemons' and executors' logs."""
+    from tests.cluster_support import SparkCluster
+
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
 def s3_bucket(moto_server) -> str:  # noqa: ANN001 - MotoServer
     """A new bucket for one test."""

@@ -15,12 +15,19 @@ What is checked (docs/protocol.md):
   the committed transactions at or below its commit_ts (appends) or the newest one (overwrite);
 - I1 every reader observation equals the state the committed transactions define at its
   snapshot_ts (same transactions, same rows), the bank balances add up, and snapshot_ts never
-  goes backwards.
+  goes backwards; when asked (``spark_reads``), delta-spark reads every version with exactly the
+  rows deltalake reads.
+
+Tables may be local folders or object-store URIs (``s3://bucket/key``): the checker reads those
+with deltalake and Arrow's S3 filesystem set up here from the standard AWS variables of the
+environment (endpoint, keys, region), not with percolake's storage settings (only the row count
+cross-check goes through ``percolake.lake.arrow_read``, as for local tables).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -32,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -54,18 +62,127 @@ def local_path(uri: str) -> str:
     return unquote(uri[len("file://"):]) if uri.startswith("file://") else uri
 
 
+# ---------------------------------------------------------------- local folders and S3 alike
+
+def is_object_store(path: str | Path) -> bool:
+    return str(path).startswith(("s3://", "s3a://"))
+
+
+def _s3_key(uri: str) -> str:
+    """``bucket/key`` of an ``s3://`` or ``s3a://`` URI (what Arrow's S3 filesystem takes)."""
+    return str(uri).split("://", 1)[1].rstrip("/")
+
+
+_S3_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+                 "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP")
+
+
+def s3_filesystem() -> pafs.S3FileSystem:
+    """Arrow's S3 filesystem with the AWS variables of the environment."""
+    return _s3_filesystem(tuple(os.environ.get(name, "") for name in _S3_VARIABLES))
+
+
+@functools.lru_cache(maxsize=4)
+def _s3_filesystem(values: tuple[str, ...]) -> pafs.S3FileSystem:
+    env = dict(zip(_S3_VARIABLES, values, strict=True))
+    scheme, _, netloc = env["AWS_ENDPOINT_URL"].partition("://")
+    return pafs.S3FileSystem(
+        access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
+        session_token=env["AWS_SESSION_TOKEN"] or None,
+        region=env["AWS_REGION"] or "us-east-1",
+        scheme=scheme or "https", endpoint_override=netloc or None)
+
+
+def storage_options(path: str | Path) -> dict[str, str]:
+    """deltalake's ``storage_options`` of a table: the AWS variables for an object store."""
+    if not is_object_store(path):
+        return {}
+    return {name: os.environ[name] for name in _S3_VARIABLES if os.environ.get(name)}
+
+
+def table_root(path: str | Path) -> str:
+    """A table's root as its file URIs start: the real local path, or ``s3://bucket/key``."""
+    if is_object_store(path):
+        return "s3://" + _s3_key(str(path))
+    return os.path.realpath(path)
+
+
+def open_delta(path: str | Path, version: int | None = None) -> DeltaTable:
+    target = table_root(path) if is_object_store(path) else str(path)
+    if version is None:
+        return DeltaTable(target, storage_options=storage_options(path))
+    return DeltaTable(target, version=version, storage_options=storage_options(path))
+
+
+def is_delta_table(path: str | Path) -> bool:
+    if is_object_store(path):
+        return DeltaTable.is_deltatable(table_root(path), storage_options=storage_options(path))
+    return DeltaTable.is_deltatable(str(path))
+
+
+def relative_to_root(file_uri: str, root: str) -> str:
+    """The path of a data file (a URI deltalake lists) relative to its table's root."""
+    if is_object_store(root):
+        full = unquote(file_uri)
+        prefix = root.rstrip("/") + "/"
+        if full.startswith("s3a://"):
+            full = "s3://" + full[len("s3a://"):]
+        return full[len(prefix):] if full.startswith(prefix) else full
+    return os.path.relpath(local_path(file_uri), root)
+
+
+def read_text(path: str) -> str | None:
+    """A whole (small) file or object as text; None when it does not exist."""
+    if is_object_store(path):
+        try:
+            with s3_filesystem().open_input_stream(_s3_key(path)) as stream:
+                return stream.read().decode()
+        except FileNotFoundError:
+            return None
+    file = Path(path)
+    return file.read_text() if file.exists() else None
+
+
+def read_parquet(path: str, columns: list[str] | None = None) -> Any:
+    """A Parquet file (local path or ``s3://`` URI) as an Arrow table."""
+    if is_object_store(path):
+        return pq.read_table(_s3_key(path), columns=columns, filesystem=s3_filesystem())
+    return pq.read_table(path, columns=columns)
+
+
+def list_below(prefix: str) -> list[str]:
+    """Every file below a folder or object-store prefix (empty if there is none)."""
+    if is_object_store(prefix):
+        infos = s3_filesystem().get_file_info(
+            pafs.FileSelector(_s3_key(prefix), recursive=True, allow_not_found=True))
+        return [i.path for i in infos if i.type == pafs.FileType.File]
+    if not os.path.exists(prefix):
+        return []
+    return [os.path.join(d, f) for d, _, files in os.walk(prefix) for f in files]
+
+
+def exists(path: str) -> bool:
+    """A local path exists, or an object-store prefix has an object below it."""
+    if is_object_store(path):
+        return bool(list_below(path))
+    return os.path.exists(path)
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """A table of a workload: where it is, how it is written, what each batch must put in it."""
 
     name: str
-    path: str                      # absolute local path
+    path: str                      # absolute local path, or an s3:// URI
     overwrite: bool                # True: every write replaces the whole table
     columns: tuple[str, ...]       # columns compared by value
     expected: Callable[[Any], list[Row]]  # rows a committed transaction must contribute
 
     @property
     def uri(self) -> str:
+        """The table's canonical name at the coordinator."""
+        if is_object_store(self.path):
+            return table_root(self.path)
         return "file://" + os.path.realpath(self.path)
 
 
@@ -116,21 +233,21 @@ def _find_key(obj: Any, key: str) -> Any:
 
 def read_versions(path: str) -> list[DeltaVersion]:
     """Every version of a Delta table: deltalake's file list plus the raw commit actions."""
-    if not DeltaTable.is_deltatable(path):
+    if not is_delta_table(path):
         return []
-    root = os.path.realpath(path)
-    dt = DeltaTable(path)
+    root = table_root(path)
+    dt = open_delta(path)
     latest = dt.version()
     out: list[DeltaVersion] = []
     for version in range(latest + 1):
-        log_file = Path(root, "_delta_log", f"{version:020d}.json")
-        if not log_file.exists():
+        log_text = read_text(f"{root}/_delta_log/{version:020d}.json")
+        if log_text is None:
             continue  # cleaned up by a checkpoint; percolake never enables that
         adds: list[str] = []
         removes: list[str] = []
         app_txns: list[tuple[str, int]] = []
         info: dict[str, Any] = {}
-        for line in log_file.read_text().splitlines():
+        for line in log_text.splitlines():
             if not line.strip():
                 continue
             action = json.loads(line)
@@ -143,7 +260,7 @@ def read_versions(path: str) -> list[DeltaVersion]:
             elif "commitInfo" in action:
                 info = action["commitInfo"]
         dt.load_as_version(version)
-        files = frozenset(os.path.relpath(local_path(u), root) for u in dt.file_uris())
+        files = frozenset(relative_to_root(u, root) for u in dt.file_uris())
         out.append(DeltaVersion(version, files, tuple(adds), tuple(removes), tuple(app_txns),
                                 info))
     return out
@@ -154,6 +271,7 @@ class Report:
     violations: list[str] = field(default_factory=list)
     batches_verified: int = 0
     versions_checked: int = 0
+    spark_versions_checked: int = 0
     snapshot_reads_checked: int = 0
     committed: int = 0
     aborted: int = 0
@@ -165,28 +283,36 @@ class Report:
         self.violations += other.violations
         self.batches_verified += other.batches_verified
         self.versions_checked += other.versions_checked
+        self.spark_versions_checked += other.spark_versions_checked
         self.snapshot_reads_checked += other.snapshot_reads_checked
         self.committed += other.committed
         self.aborted += other.aborted
 
     def summary(self) -> str:
-        head = (f"{self.batches_verified} batches, {self.versions_checked} Delta versions, "
+        head = (f"{self.batches_verified} batches, {self.versions_checked} Delta versions "
+                f"({self.spark_versions_checked} also through delta-spark), "
                 f"{self.snapshot_reads_checked} snapshot reads, {self.committed} committed, "
                 f"{self.aborted} aborted txns: {len(self.violations)} violations")
         return "\n".join([head, *self.violations[:50]])
 
 
 def _rows(table: TableSpec, file_path: str) -> list[Row]:
-    data = pq.read_table(file_path, columns=list(table.columns)).to_pydict()
+    data = read_parquet(file_path, columns=list(table.columns)).to_pydict()
     return list(zip(*(data[c] for c in table.columns), strict=True))
 
 
 class Checker:
     """Checks one workload (its tables, its pipelines) against a running coordinator."""
 
-    def __init__(self, client: Client, tables: list[TableSpec]) -> None:
+    def __init__(self, client: Client, tables: list[TableSpec],
+                 spark_reads: Callable[[list[tuple[TableSpec, list[int]]]], dict[str, Any]]
+                 | None = None) -> None:
+        """``spark_reads``, if given, reads the listed versions of each table with delta-spark
+        and returns, per table name and version (a string), its rows as
+        ``[txn_id, *columns]`` lists (``Scenario.spark_reads``)."""
         self.client = client
         self.tables = tables
+        self.spark_reads = spark_reads
         self.txns: dict[str, Any] = {}          # txn_id -> pb.Transaction (with writes)
         self.versions: dict[str, list[DeltaVersion]] = {}
         self._file_rows: dict[str, list[Row]] = {}
@@ -222,7 +348,7 @@ class Checker:
         return {t.txn_id for t in writers}
 
     def file_rows(self, table: TableSpec, relative: str) -> list[Row]:
-        full = os.path.join(os.path.realpath(table.path), relative)
+        full = f"{table_root(table.path)}/{relative}"
         if full not in self._file_rows:
             self._file_rows[full] = _rows(table, full)
         return self._file_rows[full]
@@ -248,6 +374,8 @@ class Checker:
         for table in self.tables:
             self._check_versions(table, report)
             self._check_latest_by_value(table, report)
+        if self.spark_reads is not None:
+            self.check_spark_reads(report)
         self._check_observations(list(observations), report)
         self._check_aborted_cleanup(report, cleanup_timeout_s)
         return report
@@ -410,9 +538,43 @@ class Checker:
                            f"({label}): duplicated/unexpected rows {_short(got - want)}, "
                            f"missing rows {_short(want - got)}")
         total = sum(len(r) for r in rows_by_txn.values())
-        seen = read_delta_table(str(table.path), columns=[table.columns[0]]).num_rows
+        seen = read_delta_table(table.uri if is_object_store(table.path) else str(table.path),
+                                columns=[table.columns[0]]).num_rows
         if seen != total:
             report.add("I2", f"{table.name}: deltalake reads {seen} rows, its files hold {total}")
+
+    def check_spark_reads(self, report: Report) -> None:
+        """delta-spark (another reader, through Hadoop's filesystems) sees every version of
+        every table with exactly the rows deltalake's file list of that version holds."""
+        assert self.spark_reads is not None
+        wanted = [(t, [v.version for v in self.versions[t.name]]) for t in self.tables]
+        seen = self.spark_reads([(t, vs) for t, vs in wanted if vs])
+        for table, numbers in wanted:
+            by_version = seen.get(table.name, {})
+            for v in self.versions[table.name]:
+                expected: Counter[Row] = Counter()
+                try:
+                    for path in v.files:
+                        owner = str(txn_of_path(path))
+                        expected.update((owner, *r) for r in self.file_rows(table, path))
+                except FileNotFoundError as exc:
+                    report.add("I2", f"{table.name} v{v.version}: a file is missing: {exc}")
+                    continue
+                rows = by_version.get(str(v.version))
+                if rows is None:
+                    report.add("I1", f"{table.name} v{v.version}: delta-spark did not read it")
+                    continue
+                got = Counter(tuple(r) for r in rows)
+                report.spark_versions_checked += 1
+                if got != expected:
+                    report.add("I1", f"{table.name} v{v.version}: delta-spark reads "
+                               f"{sum(got.values())} rows, deltalake's files hold "
+                               f"{sum(expected.values())}: extra {_short(got - expected)}, "
+                               f"missing {_short(expected - got)}")
+            extra = set(by_version) - {str(n) for n in numbers}
+            if extra:
+                report.add("I1", f"{table.name}: delta-spark read versions {sorted(extra)} "
+                           "deltalake does not have")
 
     def _check_observations(self, observations: list[dict[str, Any]], report: Report) -> None:
         by_name = {t.name: t for t in self.tables}
@@ -456,10 +618,10 @@ class Checker:
                      if state_name(t.state) == "ABORTED"
                      for p in t.participants if p.table in uris]
         deadline = time.monotonic() + timeout_s
-        left = [p for p in locations if os.path.exists(p)]
+        left = [p for p in locations if exists(p)]
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = [p for p in left if os.path.exists(p)]
+            left = [p for p in left if exists(p)]
         for path in left:
             report.add("I3", f"attempt folder of an aborted txn still exists after "
                        f"{timeout_s:.0f} s: {path}")

@@ -10,6 +10,12 @@ replay, and the query stops by itself once every file present at its start is pr
 
 Exit codes: 0 every batch done; 3 the query failed (the error is printed and in the events).
 Each call of the user's function is an event, so a test sees whether a replay re-ran it.
+
+``--lake`` may be an object-store prefix (``s3://bucket/prefix``, reached with the AWS variables
+of the environment), and ``--master`` a standalone cluster's ``spark://127.0.0.1:PORT`` (with
+``--spark-conf`` its application settings, JSON): the session is then ``local_spark``'s, with
+delta-spark and, for an object-store lake, Hadoop's S3 connector. Without either the session is
+the light local one of the fast crash tests.
 """
 
 from __future__ import annotations
@@ -42,6 +48,20 @@ def spark_session(app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is im
             .getOrCreate())
 
 
+def remote_session(lake: str, master: str | None, conf: dict[str, str],
+                   app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is imported lazily
+    """The session of a cluster or object-store run: ``local_spark`` on ``master`` (or two
+    local cores) with the lake as its warehouse."""
+    from sparkside.session import local_spark
+
+    settings = {"spark.sql.shuffle.partitions": "2",
+                "spark.sql.streaming.stateStore.maintenanceInterval": "600s",
+                "spark.driver.extraJavaOptions":
+                    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto",
+                **conf}
+    return local_spark(app, cores=2, conf=settings, warehouse=lake, master=master)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", required=True)
@@ -53,13 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", required=True)
     parser.add_argument("--participant-options", default="{}",
                         help="JSON of extra keyword arguments of Participant")
+    parser.add_argument("--master", default=None,
+                        help="a standalone cluster's master URL (default: local)")
+    parser.add_argument("--spark-conf", default="{}",
+                        help="JSON of extra Spark settings (with --master or an s3:// lake)")
     args = parser.parse_args(argv)
     _event(args.events, event="start", failpoints=os.environ.get("PERCOLAKE_FAILPOINTS", ""))
 
+    from percolake.lake.warehouse import is_object_store
     from sparkside import Participant
     from tests.crash import workload
 
-    spark = spark_session()
+    if args.master or is_object_store(args.lake):
+        spark = remote_session(args.lake, args.master, json.loads(args.spark_conf))
+    else:
+        spark = spark_session()
     spark.sparkContext.setLogLevel("ERROR")
     participant = Participant(args.target, pipeline_id=args.pipeline,
                               **json.loads(args.participant_options))

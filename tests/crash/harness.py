@@ -2,6 +2,14 @@
 
 Everything runs as real child processes; a failpoint (env PERCOLAKE_FAILPOINTS) or SIGKILL ends
 them hard, and they are restarted on the same data dir, port and checkpoint.
+
+By default the tables are local (``<root>/lake``) and each driver is a local Spark. A scenario
+can instead put its tables below an object-store prefix (``warehouse="s3://bucket/prefix"``, the
+coordinator's warehouse root; ``env`` then carries the AWS variables every child gets) and run
+its drivers on a standalone cluster (``master="spark://127.0.0.1:PORT"``, ``spark_conf`` the
+application's settings); ``spark_check=True`` makes ``check`` also read every Delta version
+with delta-spark (a child Spark application, ``tests/crash/spark_reads.py``) and compare it
+with what deltalake reads.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ FAILPOINT_EXIT = 137
 QUERY_FAILED = 3
 
 
-def child_env(failpoints: str = "") -> dict[str, str]:
-    env = {**os.environ, "PERCOLAKE_FAILPOINTS": failpoints}
+def child_env(failpoints: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {}), "PERCOLAKE_FAILPOINTS": failpoints}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     return env
@@ -108,17 +116,29 @@ class Scenario:
     coordinator_args: list[str] = field(default_factory=lambda: [
         "--roll-forward-after", "3", "--txn-timeout", "60", "--log-format", "text"])
     participant_options: dict[str, Any] = field(default_factory=dict)
+    warehouse: str | None = None       # an object-store prefix for the tables (default: local)
+    master: str | None = None          # the drivers' Spark master (default: local)
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # for every child (the AWS variables)
+    spark_check: bool = False          # check() also reads every version with delta-spark
+    spark_reader: Any = None           # a running spark_reads.SparkReadService to use for it
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        self.lake = self.root / "lake"
         self.input = self.root / "input"
-        self.checkpoint = self.lake / "_checkpoints" / self.pipeline
         self.events_path = self.root / "events.jsonl"
-        for d in (self.lake, self.input):
-            d.mkdir(parents=True, exist_ok=True)
+        self.lake: Path | str
+        if self.warehouse:
+            self.lake = self.warehouse.rstrip("/")
+            self.checkpoint = self.root / "checkpoints" / self.pipeline
+            self.root.mkdir(parents=True, exist_ok=True)
+        else:
+            self.lake = self.root / "lake"
+            self.checkpoint = self.lake / "_checkpoints" / self.pipeline
+            self.lake.mkdir(parents=True, exist_ok=True)
+        self.input.mkdir(parents=True, exist_ok=True)
         self.daemon = DaemonProcess(self.root / "coordinator-data", [str(self.lake)],
-                                    extra_args=self.coordinator_args,
+                                    env=self.env, extra_args=self.coordinator_args,
                                     log_path=self.root / "coordinator.log")
         self.inputs = 0
         self.drivers: list[DriverRun] = []
@@ -128,6 +148,7 @@ class Scenario:
         self.coordinator_restarts = 0
         self._watch: threading.Thread | None = None
         self._watch_stop = threading.Event()
+        self._restart_lock = threading.RLock()
         self.max_ts_before_restart: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------------ processes
@@ -135,6 +156,9 @@ class Scenario:
     @property
     def target(self) -> str:
         return self.daemon.target
+
+    def child_env(self, failpoints: str = "") -> dict[str, str]:
+        return child_env(failpoints, self.env)
 
     def client(self, retry_s: float = 60.0) -> Client:
         return Client(self.target, retry_s=retry_s)
@@ -144,9 +168,19 @@ class Scenario:
 
     def restart_coordinator(self, failpoints: str = "") -> None:
         """SIGKILL (if still alive) and start again on the same data dir and port."""
-        self.daemon.kill()
-        self.daemon.start(env={"PERCOLAKE_FAILPOINTS": failpoints})
-        self.coordinator_restarts += 1
+        with self._restart_lock:
+            self.daemon.kill()
+            self.daemon.start(env={"PERCOLAKE_FAILPOINTS": failpoints})
+            self.coordinator_restarts += 1
+
+    def sigkill_coordinator(self) -> bool:
+        """SIGKILL the coordinator if it is up (never in the middle of a restart); with
+        ``watch_coordinator`` on, it is started again at once. Returns whether it was up."""
+        with self._restart_lock:
+            if not self.daemon.is_running():
+                return False
+            self.daemon.kill()
+            return True
 
     def watch_coordinator(self) -> None:
         """Restarts the coordinator (failpoints off) whenever it dies, until ``stop_watch``."""
@@ -187,9 +221,13 @@ class Scenario:
             "--events", str(self.events_path),
             "--participant-options", json.dumps({**self.participant_options, **(options or {})}),
         ]
+        if self.master:
+            command += ["--master", self.master]
+        if self.spark_conf:
+            command += ["--spark-conf", json.dumps(self.spark_conf)]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
-                                       env=child_env(failpoints), start_new_session=True)
+                                       env=self.child_env(failpoints), start_new_session=True)
         run = DriverRun(process, log_path, self.events_path, failpoints)
         self.drivers.append(run)
         return run
@@ -215,7 +253,7 @@ class Scenario:
             command += ["--prefix", prefix]
         log = open(self.root / "reader.log", "ab")  # noqa: SIM115 - handed to the child
         self.reader = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
-                                       env=child_env())
+                                       env=self.child_env())
         log.close()
 
     def stop_reader(self) -> None:
@@ -249,14 +287,51 @@ class Scenario:
         return bank_tables(self.lake, self.k)
 
     def check(self, expected: dict[tuple[str, int], range | list[int]] | None = None,
-              tables: list[TableSpec] | None = None) -> Report:
+              tables: list[TableSpec] | None = None, spark_check: bool | None = None) -> Report:
         """Every invariant over everything so far; ``expected`` defaults to generation 0
-        holding one batch per input file."""
+        holding one batch per input file. With ``spark_check`` (default: the scenario's) every
+        version is also read with delta-spark and compared with deltalake's rows."""
         if expected is None:
             expected = {(self.pipeline, 0): range(self.inputs)}
+        spark_check = self.spark_check if spark_check is None else spark_check
         with self.client() as client:
-            checker = Checker(client, tables or self.tables())
+            checker = Checker(client, tables or self.tables(),
+                              spark_reads=self.spark_reads if spark_check else None)
             return checker.check(expected, self.observations())
+
+    def spark_reads(self, versions: list[tuple[TableSpec, list[int]]]) -> dict[str, Any]:
+        """Reads the given versions of each table with delta-spark in a child Spark application
+        (``spark_reader``'s, or a new one on the scenario's master), through ``s3a://`` for
+        object-store tables: for each table name and version the rows, each as
+        ``[txn_id, *columns]`` (``spark_reads.py``)."""
+        if self.spark_reader is not None:
+            return self.spark_reader.read(versions)
+        n = len(list(self.root.glob("spark-reads-*.json")))
+        out = self.root / f"spark-reads-{n}.json"
+        log_path = self.root / f"spark-reads-{n}.log"
+        command = [sys.executable, "-m", "tests.crash.spark_reads", "--out", str(out),
+                   "--warehouse", str(self.lake)]
+        for table, numbers in versions:
+            command += ["--table", json.dumps({"name": table.name, "path": str(table.path),
+                                               "columns": list(table.columns),
+                                               "versions": numbers})]
+        if self.master:
+            command += ["--master", self.master]
+        if self.spark_conf:
+            command += ["--spark-conf", json.dumps(self.spark_conf)]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
+                                       env=self.child_env(), start_new_session=True)
+        try:
+            rc = process.wait(300)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            rc = None
+        if rc != 0 or not out.exists():
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+            raise AssertionError(f"delta-spark reads exited {rc}:\n{tail}")
+        return json.loads(out.read_text())
 
     def delete_checkpoint(self) -> None:
         shutil.rmtree(self.checkpoint)
@@ -265,7 +340,7 @@ class Scenario:
         out = subprocess.run(
             [sys.executable, "-m", "coordinator", "reset-pipeline", "--target", self.target,
              "--pipeline", self.pipeline, "--generation", str(generation), "--reason", reason],
-            capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=60)
+            capture_output=True, text=True, cwd=ROOT, env=self.child_env(), timeout=60)
         if out.returncode != 0:
             raise AssertionError(f"reset-pipeline failed: {out.stderr}")
         return json.loads(out.stdout)

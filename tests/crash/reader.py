@@ -5,6 +5,8 @@ state the committed transactions define at its snapshot_ts (I1). Runs until ``--
 exists. Coordinator restarts are expected: UNAVAILABLE is recorded and the loop goes on.
 
     python -m tests.crash.reader --target HOST:PORT --table debits=/lake/debits ... --out obs.jsonl
+
+A table may be an ``s3://`` URI, read with the AWS variables of the environment.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
-from tests.crash.checker import local_path, txn_of_path
+from tests.crash.checker import (
+    open_delta,
+    read_parquet,
+    relative_to_root,
+    table_root,
+    txn_of_path,
+)
 
 
 class FileCache:
@@ -34,7 +40,7 @@ class FileCache:
 
     def summary(self, path: str) -> dict[str, Any]:
         if path not in self.summaries:
-            table = pq.read_table(path).to_pydict()
+            table = read_parquet(path).to_pydict()
             columns = set(table)
             rows = len(next(iter(table.values()))) if table else 0
             summary: dict[str, Any] = {"rows": rows}
@@ -58,12 +64,13 @@ def observe(stub: pb_grpc.CoordinatorStub, tables: dict[str, str], cache: FileCa
         seen: dict[str, Any] = {"version": None, "txns": {}, "rows": 0, "sum": 0}
         if version.exists:
             seen["version"] = version.delta_version
-            dt = DeltaTable(path, version=version.delta_version)
+            dt = open_delta(path, version=version.delta_version)
+            root = table_root(path)
             balances: list[list[int]] = []
             for uri in dt.file_uris():
-                file = local_path(uri)
-                summary = cache.summary(file)
-                txn = str(txn_of_path(os.path.relpath(file, os.path.realpath(path))))
+                relative = relative_to_root(uri, root)
+                summary = cache.summary(f"{root}/{relative}")
+                txn = str(txn_of_path(relative))
                 rows, total = seen["txns"].get(txn, (0, 0))
                 seen["txns"][txn] = (rows + summary["rows"], total + summary.get("sum", 0))
                 seen["rows"] += summary["rows"]

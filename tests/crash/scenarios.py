@@ -5,6 +5,11 @@ restarts it, lets the work finish, and returns an :class:`Outcome`: the checker'
 invariant over every Delta version and every reader observation) plus the crash-point-specific
 findings, also as violations. A scenario raises only when the crash could not be staged (the
 failpoint was never reached, a process hung): that is a harness failure, not a verdict.
+
+``clean_run``, ``driver_crash``, ``driver_crash_chain`` and ``coordinator_crash`` take the
+keyword arguments of :class:`Scenario` as well (``warehouse``, ``master``, ``spark_conf``,
+``env``, ``spark_check``, ``spark_reader``): the same crash on object-store tables, with drivers
+on a Spark standalone cluster, checked through delta-spark too.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.crash import light
-from tests.crash.checker import Checker, Report, read_versions
+from tests.crash.checker import Checker, Report, list_below, local_path, read_versions
 from tests.crash.harness import FAILPOINT_EXIT, QUERY_FAILED, Scenario, wait_for
 from tests.crash.rpc import COMMITTED_STATES, state_name
 
@@ -56,11 +61,36 @@ def _batch_state(sc: Scenario, batch: int) -> list[str]:
     return [state_name(t.state) for t in _txns(sc, batch_id=batch)]
 
 
+def clean_run(root: Path, batches: int = 10, k: int = 3, **scenario: Any) -> Outcome:
+    """No crash: one driver runs ``batches`` batches while a snapshot reader reads; every
+    batch must land exactly once in every table and every snapshot read be consistent."""
+    sc = Scenario(root, k=k, **scenario)
+    try:
+        sc.start_coordinator()
+        sc.add_input(batches)
+        sc.start_reader()
+        started = time.monotonic()
+        run = sc.run_driver()
+        driven = time.monotonic()
+        sc.wait_reader_observations(3)
+        sc.stop_reader()
+        seen = {tuple(t["version"] for t in o["tables"].values())
+                for o in sc.observations() if "snapshot_ts" in o}
+        report = sc.check()
+        notes: dict[str, Any] = {"user_fn": run.user_fn_batches(),
+                                 "distinct_snapshots_read": len(seen),
+                                 "driver_s": round(driven - started, 1),
+                                 "check_s": round(time.monotonic() - driven, 1)}
+        return Outcome("none", report, notes)
+    finally:
+        sc.close()
+
+
 def driver_crash(root: Path, point: str, failpoints: str, crash_batch: int = 1,
-                 batches: int = 3, k: int = 3) -> Outcome:
+                 batches: int = 3, k: int = 3, **scenario: Any) -> Outcome:
     """C1-C3, C6-C8: the driver dies at ``failpoints`` in batch ``crash_batch``; a new driver
     on the same checkpoint finishes every batch."""
-    sc = Scenario(root, k=k)
+    sc = Scenario(root, k=k, **scenario)
     try:
         sc.start_coordinator()
         sc.add_input(batches)
@@ -85,6 +115,15 @@ def driver_crash(root: Path, point: str, failpoints: str, crash_batch: int = 1,
         sc.close()
 
 
+def _uncommitted_files(sc: Scenario, batch: int) -> int:
+    """How many data files the not-committed attempts of ``batch`` have in their folders."""
+    with sc.client() as client:
+        txns = [t for t in client.list_transactions(sc.pipeline, batch_id=batch)
+                if t.state not in COMMITTED_STATES]
+    return sum(len(list_below(local_path(p.write_location)))
+               for t in txns for p in t.participants if p.write_location)
+
+
 def _batch_in_table(path: str, batch: int, sc: Scenario) -> bool:
     with sc.client() as client:
         ids = {t.txn_id for t in client.list_transactions(sc.pipeline, batch_id=batch)}
@@ -94,20 +133,35 @@ def _batch_in_table(path: str, batch: int, sc: Scenario) -> bool:
 
 
 def coordinator_crash(root: Path, point: str, failpoint: str, batches: int = 3,
-                      k: int = 3) -> Outcome:
+                      k: int = 3, sigkills: int = 0, rng: random.Random | None = None,
+                      **scenario: Any) -> Outcome:
     """C4/C5: the coordinator dies at ``failpoint`` during the commit of batch 1; it is
-    restarted (same data dir and port) while the driver keeps running on its retries."""
-    sc = Scenario(root, k=k)
+    restarted (same data dir and port) while the driver keeps running on its retries.
+
+    With ``sigkills`` it is then also SIGKILLed that many times more at random moments while
+    the driver runs (C9's kills, under a real driver), each time restarted at once."""
+    rng = rng or random.Random(0)
+    sc = Scenario(root, k=k, **scenario)
     try:
         sc.start_coordinator(failpoints=f"{failpoint}=2*exit")
         sc.add_input(batches)
         sc.start_reader()
         first_pid = sc.daemon.process.pid
         sc.watch_coordinator()
-        run = sc.run_driver(expect=None)
+        driver = sc.start_driver()
+        kills = 0
+        if sigkills:
+            wait_for(lambda: sc.coordinator_restarts >= 1 or driver.returncode is not None,
+                     240, f"the coordinator's death at {failpoint}")
+            while kills < sigkills and driver.returncode is None:
+                time.sleep(rng.uniform(0.5, 3.0))
+                if driver.returncode is None and sc.sigkill_coordinator():
+                    kills += 1
+        driver.wait()
+        run = driver
         sc.stop_watch()
         notes: dict[str, Any] = {"coordinator_restarts": sc.coordinator_restarts,
-                                 "driver_rc": run.returncode}
+                                 "driver_rc": run.returncode, "sigkills": kills}
         log = (sc.root / "coordinator.log").read_text(errors="replace")
         report = Report()
         if sc.coordinator_restarts < 1 or f"failpoint {failpoint}" not in log:
@@ -406,13 +460,13 @@ def _driver_point(point: str) -> Callable[..., Outcome]:
     return run
 
 
-def driver_crash_chain(root: Path, points: list[str], k: int = 3) -> Outcome:
+def driver_crash_chain(root: Path, points: list[str], k: int = 3, **scenario: Any) -> Outcome:
     """Driver crash points one after another on one pipeline (the fast mode's C1-C3, C6-C8):
     the driver started after the crash in batch ``n - 1`` replays that batch and dies at
     ``points[n]`` in batch ``n``; a last driver finishes every batch. Per point the notes hold
     the crashed batch's states right after the crash and whether the next driver ran the
     user's function for it again, which it must not do for a committed batch (I2)."""
-    sc = Scenario(root, k=k)
+    sc = Scenario(root, k=k, **scenario)
     try:
         sc.start_coordinator()
         sc.add_input(len(points) + 1)
@@ -426,7 +480,8 @@ def driver_crash_chain(root: Path, points: list[str], k: int = 3) -> Outcome:
             if crashes:
                 crashes[-1]["next_run_user_fn"] = run.user_fn_batches()
             crashes.append({"point": point, "batch": batch, "failpoints": spec,
-                            "states_after_crash": _batch_state(sc, batch)})
+                            "states_after_crash": _batch_state(sc, batch),
+                            "uncommitted_files_after_crash": _uncommitted_files(sc, batch)})
         recovery = sc.run_driver()
         crashes[-1]["next_run_user_fn"] = recovery.user_fn_batches()
         for crash in crashes:
