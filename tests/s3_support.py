@@ -61,6 +61,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def end_child(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Ends a child that serves until its standard input closes: closes it, waits, kills it
+    after ``timeout_s``."""
+    if process.stdin is not None and not process.stdin.closed:
+        process.stdin.close()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class MotoServer:
     """moto's S3 API server in a child process; ``start``, use, ``stop``."""
 
@@ -105,13 +117,7 @@ class MotoServer:
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.process is None:
             return
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        end_child(self.process, timeout_s)
         if self.process.stdout is not None:
             self.process.stdout.close()
 

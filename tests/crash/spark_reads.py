@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.crash.checker import is_object_store, txn_of_path
+from tests.s3_support import end_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -200,13 +201,7 @@ class SparkReadService:
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.process is None:
             return
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        end_child(self.process, timeout_s)
         self.process = None
 
 

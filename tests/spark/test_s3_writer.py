@@ -4,7 +4,6 @@ delta-rs read what was committed (no coordinator here)."""
 from __future__ import annotations
 
 import datetime
-import decimal
 import json
 
 import pyarrow
@@ -17,22 +16,9 @@ from percolake.lake.delta_commit import apply_table_write
 from percolake.records import TableWriteRecord, WriteMode
 from sparkside.reader import read_table_version
 from sparkside.writer import delta_schema_json, write_files
+from tests.spark.test_writer import STATS_ROWS, assert_exact_stats, commit, stats_frame
 
 pytestmark = pytest.mark.spark
-
-
-def commit(uri: str, df, txn: str, version: int, partition_by: list[str],  # noqa: ANN001
-           mode: WriteMode = WriteMode.APPEND) -> TableWriteRecord:
-    adds = write_files(df, uri, f"{uri}/_percolake/{txn}", partition_by)
-    replace = ()
-    if mode == WriteMode.OVERWRITE_PARTITIONS:
-        replace = tuple(dict(p) for p in {tuple(sorted(a.partition_values.items()))
-                                          for a in adds})
-    write = TableWriteRecord(uri, mode, tuple(adds), delta_schema_json(df), tuple(partition_by),
-                             replace)
-    assert apply_table_write(write, app_id="app", app_version=version, txn_id=txn,
-                             commit_ts=version + 1) == version
-    return write
 
 
 def keys_below(bucket: str, prefix: str) -> dict[str, int]:
@@ -40,15 +26,7 @@ def keys_below(bucket: str, prefix: str) -> dict[str, int]:
 
 
 def test_each_file_is_written_once_where_its_add_says_with_exact_stats(spark_s3, s3_bucket):
-    rows = [(1, "b", datetime.date(2026, 1, 2), datetime.datetime(2026, 1, 1, 12, 0, 0, 250),
-             decimal.Decimal("1.50"), float("nan"), None, datetime.datetime(2026, 1, 1, 8)),
-            (7, "a", datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 3),
-             decimal.Decimal("0.10"), 2.0, None, datetime.datetime(2026, 1, 1, 9)),
-            (4, None, datetime.date(2026, 1, 5), datetime.datetime(2026, 1, 2),
-             decimal.Decimal("2.25"), -1.0, None, datetime.datetime(2026, 1, 1, 7))]
-    df = spark_s3.createDataFrame(rows, "id long, name string, day date, at timestamp, "
-                                        "amount decimal(10,2), score double, nothing string, "
-                                        "wall timestamp_ntz")
+    df = stats_frame(spark_s3)
     uri = f"s3://{s3_bucket}/wh/t"
     adds = write_files(df.coalesce(1), uri, f"{uri}/_percolake/x", [])
     assert len(adds) == 1
@@ -57,16 +35,7 @@ def test_each_file_is_written_once_where_its_add_says_with_exact_stats(spark_s3,
     assert adds[0].path.startswith("_percolake/x/")
     stats = json.loads(adds[0].stats)
     assert "NaN" not in adds[0].stats
-    assert stats["numRecords"] == 3
-    assert stats["minValues"] == {"id": 1, "name": "a", "day": "2026-01-01",
-                                  "at": "2026-01-01T12:00:00.000250Z",
-                                  "wall": "2026-01-01T07:00:00.000000"}
-    assert stats["maxValues"] == {"id": 7, "name": "b", "day": "2026-01-05",
-                                  "at": "2026-01-03T00:00:00.000000Z",
-                                  "wall": "2026-01-01T09:00:00.000000"}
-    assert stats["nullCount"] == {"id": 0, "name": 1, "day": 0, "at": 0, "amount": 0,
-                                  "score": 0, "nothing": 3, "wall": 0}
-    assert "amount" not in stats["minValues"] and "score" not in stats["maxValues"]
+    assert_exact_stats(stats)
     commit_write = TableWriteRecord(uri, WriteMode.APPEND, tuple(adds), delta_schema_json(df))
     apply_table_write(commit_write, app_id="app", app_version=0, txn_id="x", commit_ts=1)
     table = DeltaTable(uri, storage_options=storage.delta_storage_options(uri))
@@ -75,7 +44,7 @@ def test_each_file_is_written_once_where_its_add_says_with_exact_stats(spark_s3,
     assert parsed.column("max.wall").to_pylist() == [datetime.datetime(2026, 1, 1, 9)]
     read_back = read_table_version(spark_s3, uri, 0).orderBy("id").collect()
     assert [(r.id, r.name, r.amount, r.wall) for r in read_back] == [
-        (r[0], r[1], r[4], r[7]) for r in sorted(rows)]
+        (r[0], r[1], r[4], r[7]) for r in sorted(STATS_ROWS)]
 
 
 def test_an_empty_batch_writes_nothing_on_s3(spark_s3, s3_bucket):

@@ -21,10 +21,11 @@ from sparkside.writer import delta_schema_json, write_files
 pytestmark = pytest.mark.spark
 
 
-def commit(table: Path, df, txn: str, version: int, partition_by: list[str],  # noqa: ANN001
-           mode: WriteMode = WriteMode.APPEND) -> TableWriteRecord:
-    """Writes ``df`` into the attempt folder ``txn`` and applies it as Delta version ``version``."""
-    uri = f"file://{table}"
+def commit(table: Path | str, df, txn: str, version: int,  # noqa: ANN001
+           partition_by: list[str], mode: WriteMode = WriteMode.APPEND) -> TableWriteRecord:
+    """Writes ``df`` into the attempt folder ``txn`` and applies it as Delta version ``version``
+    (``table``: a local folder, or an object-store URI)."""
+    uri = table if isinstance(table, str) else f"file://{table}"
     adds = write_files(df, uri, f"{uri}/_percolake/{txn}", partition_by)
     replace = ()
     if mode == WriteMode.OVERWRITE_PARTITIONS:
@@ -37,21 +38,24 @@ def commit(table: Path, df, txn: str, version: int, partition_by: list[str],  # 
     return write
 
 
-def test_stats_describe_each_file_exactly(spark, tmp_path):
-    rows = [(1, "b", datetime.date(2026, 1, 2), datetime.datetime(2026, 1, 1, 12, 0, 0, 250),
-             decimal.Decimal("1.50"), float("nan"), None, datetime.datetime(2026, 1, 1, 8)),
-            (7, "a", datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 3),
-             decimal.Decimal("0.10"), 2.0, None, datetime.datetime(2026, 1, 1, 9)),
-            (4, None, datetime.date(2026, 1, 5), datetime.datetime(2026, 1, 2),
-             decimal.Decimal("2.25"), -1.0, None, datetime.datetime(2026, 1, 1, 7))]
-    df = spark.createDataFrame(rows, "id long, name string, day date, at timestamp, "
-                                     "amount decimal(10,2), score double, nothing string, "
-                                     "wall timestamp_ntz")
-    uri = f"file://{tmp_path / 't'}"
-    adds = write_files(df.coalesce(1), uri, f"{uri}/_percolake/x", [])
-    assert len(adds) == 1
-    stats = json.loads(adds[0].stats)  # json.loads rejects nothing; NaN must not appear at all
-    assert "NaN" not in adds[0].stats
+STATS_ROWS = [
+    (1, "b", datetime.date(2026, 1, 2), datetime.datetime(2026, 1, 1, 12, 0, 0, 250),
+     decimal.Decimal("1.50"), float("nan"), None, datetime.datetime(2026, 1, 1, 8)),
+    (7, "a", datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 3),
+     decimal.Decimal("0.10"), 2.0, None, datetime.datetime(2026, 1, 1, 9)),
+    (4, None, datetime.date(2026, 1, 5), datetime.datetime(2026, 1, 2),
+     decimal.Decimal("2.25"), -1.0, None, datetime.datetime(2026, 1, 1, 7))]
+STATS_SCHEMA = ("id long, name string, day date, at timestamp, amount decimal(10,2), "
+                "score double, nothing string, wall timestamp_ntz")
+
+
+def stats_frame(spark):  # noqa: ANN001, ANN201
+    """Three rows of every type percolake writes stats for (and a NaN, nulls, a double)."""
+    return spark.createDataFrame(STATS_ROWS, STATS_SCHEMA)
+
+
+def assert_exact_stats(stats: dict) -> None:
+    """The Delta stats of ``stats_frame`` in one file, whichever writer wrote it."""
     assert stats["numRecords"] == 3
     assert stats["minValues"] == {"id": 1, "name": "a", "day": "2026-01-01",
                                   "at": "2026-01-01T12:00:00.000250Z",
@@ -63,6 +67,16 @@ def test_stats_describe_each_file_exactly(spark, tmp_path):
                                   "score": 0, "nothing": 3, "wall": 0}
     # 0.10 has no exact float: no bound rather than a rounded one; doubles never get bounds
     assert "amount" not in stats["minValues"] and "score" not in stats["maxValues"]
+
+
+def test_stats_describe_each_file_exactly(spark, tmp_path):
+    df = stats_frame(spark)
+    uri = f"file://{tmp_path / 't'}"
+    adds = write_files(df.coalesce(1), uri, f"{uri}/_percolake/x", [])
+    assert len(adds) == 1
+    stats = json.loads(adds[0].stats)  # json.loads rejects nothing; NaN must not appear at all
+    assert "NaN" not in adds[0].stats
+    assert_exact_stats(stats)
     path = tmp_path / "t" / adds[0].path
     assert adds[0].size == path.stat().st_size
     column = pq.read_metadata(path).schema.column(3)
