@@ -45,15 +45,36 @@ def _parser() -> argparse.ArgumentParser:
         "serve", help="run the coordinator daemon",
         description="Run the coordinator daemon. It serves percolake.v1.Coordinator, gRPC "
         "health and server reflection (so grpcurl can list and call it), keeps its records in "
-        "SQLite under --data-dir, and shuts down gracefully on SIGTERM or SIGINT.",
+        "SQLite under --data-dir or in PostgreSQL (--store), and shuts down gracefully on "
+        "SIGTERM or SIGINT. Several daemons on one PostgreSQL store are active-standby: the "
+        "one holding the leader lease serves, the others answer UNAVAILABLE naming it and "
+        "take over when its lease runs out.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (0.0.0.0 for every interface)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT,
                        help="TCP port to listen on; 0 picks a free port (see --port-file)")
-    serve.add_argument("--data-dir", required=True,
-                       help="folder of the durable store (created if missing); keep it on "
-                       "durable local disk: it holds every commit decision")
+    serve.add_argument("--data-dir",
+                       help="folder of the SQLite store (created if missing); keep it on "
+                       "durable local disk: it holds every commit decision. Required unless "
+                       "--store names PostgreSQL")
+    serve.add_argument("--store", default="", metavar="URL",
+                       help="where the records live: empty or 'sqlite' for SQLite under "
+                       "--data-dir; postgresql://USER@HOST:PORT/DB or "
+                       "postgresql://USER@/DB?host=/socket/dir for PostgreSQL, shared by "
+                       "several daemons of which the lease holder serves (its password is "
+                       "never logged; prefer PGPASSWORD or ~/.pgpass)")
+    serve.add_argument("--advertise", default="", metavar="HOST:PORT",
+                       help="the address clients reach this daemon at, which standbys name in "
+                       "their UNAVAILABLE answers (default: --host, or this machine's name "
+                       "when --host is 0.0.0.0, and the bound port)")
+    serve.add_argument("--lease-s", type=_positive(float), default=2.0, metavar="SECONDS",
+                       help="leader lease length with a PostgreSQL store: renewed every "
+                       "quarter of it; a standby takes over this long after the leader "
+                       "stopped renewing")
+    serve.add_argument("--node-id", default="", metavar="ID",
+                       help="this daemon's name in the lease (default: host:pid:random); "
+                       "unique per running process")
     serve.add_argument("--warehouse", action="append", required=True, metavar="ROOT",
                        help="a folder (/lake) or object-store prefix (s3://bucket/lake; "
                        "s3a:// names the same) under which Delta tables may live; repeat for "
@@ -105,7 +126,10 @@ def _parser() -> argparse.ArgumentParser:
         "deleted or replaced. Live attempts of the old generation are aborted, old drivers are "
         "fenced, committed data is never touched, and the history stays readable.")
     reset.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}",
-                       help="coordinator address HOST:PORT")
+                       help="coordinator address HOST:PORT, or several separated by commas "
+                       "(h1:50051,h2:50051): the request follows the leader, retried for up "
+                       "to 30 s; without --generation it is a compare-and-set on the "
+                       "generation read first, so a retry never resets twice")
     reset.add_argument("--pipeline", required=True, help="the pipeline id")
     reset.add_argument("--reason", required=True, help="why; recorded with the reset")
     reset.add_argument("--generation", type=int,
@@ -120,8 +144,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     from coordinator import logs
-    from coordinator.server import ServerOptions, serve_forever
+    from coordinator.server import ServerOptions, is_sqlite, serve_forever
 
+    if is_sqlite(args.store) and not args.data_dir:
+        print("percolake-coordinator serve: error: the argument --data-dir is required with "
+              "the SQLite store (no --store, or --store sqlite)", file=sys.stderr)
+        return 2
+    if args.advertise:
+        from percolake.leader import parse_targets
+
+        try:
+            if len(parse_targets(args.advertise)) != 1:
+                raise ValueError("give one HOST:PORT")
+        except ValueError as exc:
+            print(f"percolake-coordinator serve: error: --advertise: {exc}", file=sys.stderr)
+            return 2
     logs.configure(args.log_level, args.log_format)
     config = CoordinatorConfig(
         warehouse_roots=args.warehouse, txn_timeout_s=args.txn_timeout,
@@ -132,27 +169,38 @@ def _serve(args: argparse.Namespace) -> int:
     options = ServerOptions(host=args.host, port=args.port, max_workers=args.max_workers,
                             max_message_bytes=args.max_message_bytes,
                             shutdown_grace_s=args.shutdown_grace,
-                            object_store_timeout_s=args.object_store_timeout)
+                            object_store_timeout_s=args.object_store_timeout,
+                            store_url=args.store, advertise=args.advertise,
+                            lease_s=args.lease_s, node_id=args.node_id)
     return serve_forever(args.data_dir, config, options, args.port_file)
 
 
 def _reset(args: argparse.Namespace) -> int:
     import grpc
 
+    from percolake.leader import LeaderFollower
     from percolake.v1 import coordinator_pb2 as pb
-    from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
     request = pb.ResetPipelineRequest(pipeline_id=args.pipeline, reason=args.reason)
-    if args.generation is not None:
-        request.expected_generation = args.generation
     if args.query_id is not None:
         request.query_id = args.query_id
-    with grpc.insecure_channel(args.target) as channel:
-        try:
-            reply = pb_grpc.CoordinatorStub(channel).ResetPipeline(request, timeout=30)
-        except grpc.RpcError as exc:
-            print(f"reset-pipeline failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
+    try:
+        follower = LeaderFollower(args.target)
+    except ValueError as exc:
+        print(f"reset-pipeline failed: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # Always a compare-and-set on the generation (the one seen now unless --generation):
+        # a retry after an unknown outcome, at the same or a new leader, resets only once.
+        request.expected_generation = args.generation if args.generation is not None else \
+            follower.call("GetPipeline", pb.GetPipelineRequest(pipeline_id=args.pipeline),
+                          timeout_s=30, retry_s=30).generation
+        reply = follower.call("ResetPipeline", request, timeout_s=30, retry_s=30)
+    except grpc.RpcError as exc:
+        print(f"reset-pipeline failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        follower.close()
     print(json.dumps({
         "pipeline": reply.pipeline.pipeline_id, "generation": reply.pipeline.generation,
         "epoch": reply.pipeline.epoch, "changed": reply.changed,

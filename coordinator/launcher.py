@@ -32,8 +32,10 @@ class DaemonProcess:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 30.0, env: dict[str, str] | None = None) -> DaemonProcess:
-        """Starts the daemon (on the same port after a restart) and waits until it serves."""
+    def start(self, timeout_s: float = 30.0, env: dict[str, str] | None = None,
+              serving: bool = True) -> DaemonProcess:
+        """Starts the daemon (on the same port after a restart) and waits until it listens
+        and, with ``serving``, until its health is SERVING (a standby never is: pass False)."""
         port_file = self.data_dir.parent / f".{self.data_dir.name}.port"
         port_file.unlink(missing_ok=True)
         command = [
@@ -61,16 +63,34 @@ class DaemonProcess:
                 raise TimeoutError(f"coordinator did not start; see {self.log_path}")
             time.sleep(0.05)
         self.port = int(port_file.read_text())
-        self.wait_serving(max(1.0, deadline - time.monotonic()))
+        if serving:
+            self.wait_serving(max(1.0, deadline - time.monotonic()))
         return self
 
     def wait_serving(self, timeout_s: float) -> None:
+        """Waits until the daemon's health is SERVING (a standby becomes leader)."""
+        deadline = time.monotonic() + timeout_s
+        status = None
+        while (status := self.health(max(0.1, min(2.0, deadline - time.monotonic())))) \
+                != "SERVING":
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"coordinator exited with {self.process.returncode}; "
+                                   f"see {self.log_path}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"coordinator at {self.target} is not serving after "
+                                   f"{timeout_s:g} s (health {status}); see {self.log_path}")
+            time.sleep(0.05)
+
+    def health(self, timeout_s: float = 2.0) -> str | None:
+        """The daemon's health status name (SERVING, NOT_SERVING), None if it does not
+        answer within ``timeout_s`` (not listening, stopped, or shutting down)."""
         with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s,
-                               wait_for_ready=True)
-            if reply.status != health_pb2.HealthCheckResponse.SERVING:
-                raise RuntimeError(f"coordinator at {self.target} is not serving")
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True)
+            except grpc.RpcError:
+                return None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log_path.exists():
@@ -83,12 +103,23 @@ class DaemonProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process freezes where it is (as a long GC pause or a VM stall)."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait for the graceful shutdown; returns the exit code."""
         if self.process is None:
             return 0
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGCONT)  # a paused process handles it now
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:

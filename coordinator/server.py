@@ -5,13 +5,17 @@ TLS, mutual TLS and bearer-token interceptors slot in here without touching the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -23,10 +27,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
+from coordinator.leadership import Fatal, FixedCore, Leadership
 from coordinator.servicer import CoordinatorServicer
 from coordinator.status_codes import status_for
-from coordinator.store import SqliteStore
-from percolake.errors import InvalidArgument
+from coordinator.store import open_store
+from coordinator.store.base import Store
+from percolake.errors import InvalidArgument, StoreUnavailable
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -123,15 +129,25 @@ class ServerOptions:
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     object_store_timeout_s: float = 30.0  # each object-store request, retried at most 3 times
+    store_url: str = ""  # "" or "sqlite": SQLite under the data dir; postgresql://...: leases
+    advertise: str = ""  # HOST:PORT clients reach this process at; "" = host:bound port
+    lease_s: float = 2.0
+    node_id: str = ""  # "" = host:pid:random
 
 
 class RunningServer:
-    """A started gRPC server with its core and store; ``stop`` shuts all three down in order."""
+    """A started gRPC server with its cores; ``stop`` shuts everything down in order.
 
-    def __init__(self, core: TransactionCoordinator, options: ServerOptions) -> None:
-        self.core = core
+    With a store that supports leases the cores come and go with the leadership; otherwise
+    one core serves for the life of the process.
+    """
+
+    def __init__(self, options: ServerOptions, redact: Callable[[str], str] = str) -> None:
         self.options = options
+        self.redact = redact
         self.health = health.HealthServicer()
+        self.leadership: Leadership | None = None
+        self.fixed: FixedCore | None = None
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.max_workers,
                                        thread_name_prefix="rpc"),
@@ -142,7 +158,6 @@ class RunningServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -150,48 +165,124 @@ class RunningServer:
         self.port = self.server.add_insecure_port(f"{options.host}:{options.port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {options.host}:{options.port}")
+        host = socket.gethostname() if options.host in ("0.0.0.0", "::", "") else options.host
+        self.advertise = options.advertise or f"{host}:{self.port}"
+        self.set_serving(False)
 
-    def start(self) -> None:
-        self.server.start()
-        self.core.start_background()
+    @property
+    def core(self) -> TransactionCoordinator | None:
+        """The core serving now (None on a standby)."""
+        return self.fixed.term.core if self.fixed else self.leadership and self.leadership.core
+
+    def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
         for service in ("", SERVICE_NAME):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(service, status)
+
+    def start(self, cores: FixedCore | Leadership) -> None:
+        """Serves with one fixed core (started here) or a leadership (its loop started here)."""
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(cores, self.redact),
+                                                  self.server)
+        self.server.start()
+        if isinstance(cores, Leadership):
+            self.leadership = cores.start()
+            log.info("listening; a standby until the lease is acquired",
+                     extra={"host": self.options.host, "port": self.port,
+                            "advertise": self.advertise, "node_id": cores.node_id,
+                            "lease_s": cores.lease_s})
+            return
+        self.fixed = cores
+        cores.term.core.start_background()
+        self.set_serving(True)
         log.info("serving", extra={"host": self.options.host, "port": self.port})
 
     def stop(self) -> None:
-        """Stops taking RPCs, lets in-flight ones finish, then closes the core and the store."""
+        """Stops taking RPCs, lets in-flight ones finish, then closes the core and the store.
+
+        A leader first releases its lease, so a standby takes over at once; calls still in
+        flight here then end UNAVAILABLE (their writes are refused by the store)."""
         self.health.enter_graceful_shutdown()
+        if self.leadership is not None:
+            self.leadership.stop()
         self.server.stop(self.options.shutdown_grace_s).wait()
-        self.core.close()
-        self.core.store.close()
+        if self.leadership is not None:
+            self.leadership.close()
+        if self.fixed is not None:
+            core = self.fixed.term.core
+            core.close()
+            core.store.close()
         log.info("stopped")
 
 
-def start_server(data_dir: str | Path, config: CoordinatorConfig,
-                 options: ServerOptions) -> RunningServer:
-    """Opens the store in ``data_dir`` (created if missing) and starts serving.
-
-    Raises:
-        StorageSettingsError: a warehouse root is on an object store whose settings (the AWS
-            variables or profile) are missing or malformed; the message names the variable.
-    """
-    from percolake.lake import storage
+def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
+    """Builds a core on a store: loads pipelines, unfinished transactions, the oracle mark."""
     from percolake.lake.delta_commit import (  # deltalake loads only to serve
         apply_table_write,
         is_commit_of,
     )
     from percolake.lake.write_check import WriteChecker
 
-    storage.configure(timeout_s=options.object_store_timeout_s)
-    storage.check_settings(config.warehouse_roots)  # fail at start, naming the variable
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    store = SqliteStore(data_dir, group_commit=True)  # the servicer flushes before replies
     applier = functools.partial(apply_table_write, roots=config.warehouse_roots)
     checker = WriteChecker(roots=config.warehouse_roots)
-    core = TransactionCoordinator(store, config, applier=applier,
-                                  applied_check=is_commit_of, write_check=checker.check)
-    running = RunningServer(core, options)
-    running.start()
+
+    def build(store: Store) -> TransactionCoordinator:
+        return TransactionCoordinator(store, config, applier=applier,
+                                      applied_check=is_commit_of, write_check=checker.check)
+
+    return build
+
+
+def is_sqlite(store_url: str) -> bool:
+    return store_url in ("", "sqlite")
+
+
+def start_server(data_dir: str | Path | None, config: CoordinatorConfig,
+                 options: ServerOptions, redact: Callable[[str], str] = str) -> RunningServer:
+    """Opens the store (SQLite in ``data_dir``, created if missing, unless
+    ``options.store_url`` names another) and starts serving; on a store with leases as a
+    standby that becomes the leader when it acquires the lease.
+
+    Raises:
+        StorageSettingsError: a warehouse root is on an object store whose settings (the AWS
+            variables or profile) are missing or malformed; the message names the variable.
+        Fatal: the store cannot be used (e.g. its schema is newer than this coordinator).
+    """
+    from percolake.lake import storage
+
+    storage.configure(timeout_s=options.object_store_timeout_s)
+    storage.check_settings(config.warehouse_roots)  # fail at start, naming the variable
+    if is_sqlite(options.store_url):
+        if data_dir is None:
+            raise ValueError("the SQLite store needs a data dir")
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+
+    # On PostgreSQL a frozen leader's open write transaction is ended after about one lease
+    # (so it cannot hold up a takeover), and an acquisition waits at most half a lease.
+    postgres_options = {} if is_sqlite(options.store_url) else {
+        "idle_in_txn_timeout_s": options.lease_s,
+        "lease_lock_timeout_s": min(1.0, options.lease_s / 2)}
+
+    def open_() -> Store:
+        return open_store(options.store_url, data_dir, **postgres_options)
+
+    try:
+        store: Store | None = open_()
+    except StoreUnavailable as exc:  # the leadership loop keeps trying, NOT_SERVING meanwhile
+        log.warning("store unreachable; retrying", extra={"error": redact(str(exc))})
+        store = None
+    except Exception as exc:
+        raise Fatal(redact(str(exc))) from exc
+    build = _core_builder(config)
+    running = RunningServer(options, redact)
+    if store is not None and not store.supports_leases:
+        running.start(FixedCore(build(store)))
+    else:
+        node_id = options.node_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+        running.start(Leadership(open_, build, node_id=node_id, advertise=running.advertise,
+                                 lease_s=options.lease_s, on_serving=running.set_serving,
+                                 store=store))
     _probe_object_stores(config.warehouse_roots)
     return running
 
@@ -217,8 +308,8 @@ def _probe_object_stores(roots: list[str]) -> None:
         threading.Thread(target=probe, name="store-probe", daemon=True).start()
 
 
-def serve_forever(data_dir: str | Path, config: CoordinatorConfig, options: ServerOptions,
-                  port_file: str | None = None) -> int:
+def serve_forever(data_dir: str | Path | None, config: CoordinatorConfig,
+                  options: ServerOptions, port_file: str | None = None) -> int:
     """Serves until SIGTERM or SIGINT, then shuts down gracefully."""
     # The handler only sets a flag that the main thread polls: the kernel may deliver the
     # signal to a gRPC thread, and Python runs handlers only when the main thread executes
@@ -229,19 +320,71 @@ def serve_forever(data_dir: str | Path, config: CoordinatorConfig, options: Serv
         signal.signal(sig, lambda signum, _frame: received.append(signum))
     from percolake.lake.storage import StorageSettingsError
 
+    redact = redactor(options.store_url)
+    redact_logs(redact)
+    log.info("opening the store", extra={"store": redact(options.store_url) or "sqlite",
+                                         "data_dir": str(data_dir or "")})
     try:
-        running = start_server(data_dir, config, options)
+        running = start_server(data_dir, config, options, redact)
     except StorageSettingsError as exc:
         log.error("cannot start: the object store's settings are incomplete",
                   extra={"error": str(exc)})
+        print(f"percolake-coordinator: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Fatal as exc:
+        log.error("cannot start: the store cannot be used", extra={"error": str(exc)})
         print(f"percolake-coordinator: cannot start: {exc}", file=sys.stderr, flush=True)
         return 2
     if port_file:
         tmp = f"{port_file}.tmp"
         Path(tmp).write_text(str(running.port))
         os.replace(tmp, port_file)
-    while not received:
-        time.sleep(0.2)
-    log.info("shutting down", extra={"signal": signal.Signals(received[0]).name})
+    leadership = running.leadership
+    while not received and (leadership is None or leadership.fatal is None):
+        time.sleep(0.05 if leadership is not None else 0.2)
+    if received:
+        log.info("shutting down", extra={"signal": signal.Signals(received[0]).name})
     running.stop()
+    if leadership is not None and leadership.fatal is not None:
+        message = redact(str(leadership.fatal))
+        print(f"percolake-coordinator: cannot use the store: {message}", file=sys.stderr,
+              flush=True)
+        return 2
     return 0
+
+
+def redactor(store_url: str) -> Callable[[str], str]:
+    """A function that replaces the store URL's password, wherever it appears, with ***."""
+    secrets: list[str] = []
+    with contextlib.suppress(ValueError):
+        parts = urllib.parse.urlsplit(store_url)
+        if parts.password:
+            secrets += [parts.password, urllib.parse.unquote(parts.password)]
+        for value in urllib.parse.parse_qs(parts.query).get("password", []):
+            secrets += [value, urllib.parse.quote(value, safe="")]
+    secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    return redact
+
+
+class _RedactingFormatter(logging.Formatter):
+    def __init__(self, inner: logging.Formatter, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._redact(self._inner.format(record))
+
+
+def redact_logs(redact: Callable[[str], str]) -> None:
+    """Every line the root logger's handlers write goes through ``redact``."""
+    for handler in logging.getLogger().handlers:
+        inner = handler.formatter or logging.Formatter()
+        if not isinstance(inner, _RedactingFormatter):
+            handler.setFormatter(_RedactingFormatter(inner, redact))

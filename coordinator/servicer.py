@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 import grpc
 
 from coordinator import validation
-from coordinator.core import TransactionCoordinator
+from coordinator.leadership import CoreProvider, NotServing
 from coordinator.status_codes import status_for
 from coordinator.store.base import TxnQuery
 from percolake import codec
 from percolake.codec import optional
-from percolake.errors import InvalidArgument, ProtocolError
+from percolake.errors import InvalidArgument, NotLeader, ProtocolError, StoreUnavailable
+from percolake.leader import LEADER_METADATA_KEY
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -34,30 +35,58 @@ _PAGE_TOKEN = re.compile(rb"ts:(0|[1-9][0-9]{0,18})")  # ASCII digits; at most i
 
 
 def rpc(method: F) -> F:
-    """Turns errors into gRPC statuses; an unexpected error is a bug, logged with its trace."""
+    """Runs a call on the serving core and turns errors into gRPC statuses.
+
+    The core comes from the provider for each call; an answer leaves only once what it rests
+    on is durable (I8) and only while this process still leads (checked before and after the
+    call). A store that refused a write (NotLeader) or could not be reached (StoreUnavailable)
+    makes the leadership step down; the call is answered UNAVAILABLE with an unknown outcome,
+    which the next leader re-reads. An unexpected error is a bug, logged with its trace.
+    """
 
     @functools.wraps(method)
     def handler(self: CoordinatorServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            reply = method(self, request, context)
-            # Group commit: whatever this reply rests on (its own writes, or others' it read)
-            # is on stable storage before the reply leaves (I8). Refusals below too.
-            self.core.wait_durable()
+            with self.cores.serving() as term:
+                try:
+                    reply, error = _run(self, method, term.core, request, context)
+                except (NotLeader, StoreUnavailable) as exc:
+                    raise self.cores.lost(term, exc) from exc
+                term.confirm()
+        except NotServing as exc:
+            log.info("unavailable: not the leader", extra={"rpc": method.__name__,
+                                                          "detail": self.redact(str(exc))})
+            if exc.leader_address:
+                context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
+            context.abort(status_for(exc), self.redact(str(exc)))
+        if error is None:
             return reply
-        except ProtocolError as exc:
-            log.info("refused", extra={"rpc": method.__name__, "error": type(exc).__name__,
-                                       "detail": str(exc)})
-            self.core.wait_durable()
-            context.abort(status_for(exc), str(exc))
-        except Exception as exc:  # a broken invariant or a bug: loud, never silent
-            if isinstance(exc, grpc.RpcError):
-                raise
-            code = status_for(exc)
-            log.exception("rpc failed", extra={"rpc": method.__name__})
-            self.core.wait_durable()
-            context.abort(code, f"{type(exc).__name__}: {exc}")
+        message = str(error) if isinstance(error, ProtocolError) else (
+            f"{type(error).__name__}: {error}")
+        context.abort(status_for(error), self.redact(message))
 
     return handler  # type: ignore[return-value]
+
+
+def _run(servicer: CoordinatorServicer, method: Callable[..., Any], core: Any, request: Any,
+         context: grpc.ServicerContext) -> tuple[Any, Exception | None]:
+    """The reply, or the error to answer with; NotLeader and StoreUnavailable pass through."""
+    reply, error = None, None
+    try:
+        reply = method(servicer, core, request, context)
+    except (NotLeader, StoreUnavailable):
+        raise
+    except ProtocolError as exc:
+        log.info("refused", extra={"rpc": method.__name__, "error": type(exc).__name__,
+                                   "detail": servicer.redact(str(exc))})
+        error = exc
+    except Exception as exc:  # a broken invariant or a bug: loud, never silent
+        log.exception("rpc failed", extra={"rpc": method.__name__})
+        error = exc
+    # Group commit: whatever this answer rests on (its own writes, or others' it read) is on
+    # stable storage before it leaves (I8). Refusals too.
+    core.wait_durable()
+    return reply, error
 
 
 def _page_token(start_ts: int) -> str:
@@ -80,21 +109,25 @@ def _after_start_ts(token: str) -> int:
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    def __init__(self, core: TransactionCoordinator) -> None:
-        self.core = core
+    """Each method gets the serving core from ``rpc``; ``redact`` scrubs secrets (the store
+    DSN's password) from what a client is told."""
+
+    def __init__(self, cores: CoreProvider, redact: Callable[[str], str] = str) -> None:
+        self.cores = cores
+        self.redact = redact
 
     @rpc
-    def RegisterPipeline(self, request, context):  # noqa: N802
-        pipeline = self.core.register_pipeline(request.pipeline_id, optional(request, "query_id"))
+    def RegisterPipeline(self, core, request, context):  # noqa: N802
+        pipeline = core.register_pipeline(request.pipeline_id, optional(request, "query_id"))
         return pb.RegisterPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline),
                                            epoch=pipeline.epoch, generation=pipeline.generation)
 
     @rpc
-    def OpenTransaction(self, request, context):  # noqa: N802
+    def OpenTransaction(self, core, request, context):  # noqa: N802
         validation.check_count("tables", len(request.tables))
         validation.check_timeout_ms("timeout_ms", request.timeout_ms,
                                     validation.MAX_TXN_TIMEOUT_MS)
-        txn, committed = self.core.open_transaction(
+        txn, committed = core.open_transaction(
             request.pipeline_id, request.batch_id, optional(request, "epoch"),
             optional(request, "query_id"), list(request.tables), request.timeout_ms)
         return pb.OpenTransactionResponse(transaction=codec.txn_to_pb(txn),
@@ -102,60 +135,60 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                           locations=codec.locations_to_pb(txn))
 
     @rpc
-    def DeclareTables(self, request, context):  # noqa: N802
+    def DeclareTables(self, core, request, context):  # noqa: N802
         if not request.tables:
             raise InvalidArgument("declare at least one table")
         validation.check_count("tables", len(request.tables))
-        txn = self.core.declare_tables(request.txn_id, optional(request, "epoch"),
+        txn = core.declare_tables(request.txn_id, optional(request, "epoch"),
                                        list(request.tables))
         return pb.DeclareTablesResponse(transaction=codec.txn_to_pb(txn),
                                         locations=codec.locations_to_pb(txn))
 
     @rpc
-    def Prewrite(self, request, context):  # noqa: N802
+    def Prewrite(self, core, request, context):  # noqa: N802
         validation.check_count("table writes", len(request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
-        txn = self.core.prewrite(request.txn_id, optional(request, "epoch"), writes)
+        txn = core.prewrite(request.txn_id, optional(request, "epoch"), writes)
         return pb.PrewriteResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
-    def CommitTransaction(self, request, context):  # noqa: N802
+    def CommitTransaction(self, core, request, context):  # noqa: N802
         validation.check_count("tables", len(request.tables))
         validation.check_count("table writes", len(request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
-        txn = self.core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
+        txn = core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
                                writes, release_unwritten=request.release_unwritten)
         return pb.CommitTransactionResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
-    def AbortTransaction(self, request, context):  # noqa: N802
-        txn = self.core.abort(request.txn_id, optional(request, "epoch"),
+    def AbortTransaction(self, core, request, context):  # noqa: N802
+        txn = core.abort(request.txn_id, optional(request, "epoch"),
                               validation.clean_reason(request.reason))
         return pb.AbortTransactionResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
-    def ReportApplied(self, request, context):  # noqa: N802
+    def ReportApplied(self, core, request, context):  # noqa: N802
         validation.check_count("tables", len(request.tables))
         versions: dict[str, int] = {}
         for applied in request.tables:
             if applied.table in versions:
                 raise InvalidArgument(f"table {applied.table} reported twice")
             versions[applied.table] = applied.delta_version
-        txn = self.core.report_applied(request.txn_id, optional(request, "epoch"), versions)
+        txn = core.report_applied(request.txn_id, optional(request, "epoch"), versions)
         return pb.ReportAppliedResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
-    def Heartbeat(self, request, context):  # noqa: N802
-        state, expires_ms = self.core.heartbeat(request.txn_id, optional(request, "epoch"))
+    def Heartbeat(self, core, request, context):  # noqa: N802
+        state, expires_ms = core.heartbeat(request.txn_id, optional(request, "epoch"))
         return pb.HeartbeatResponse(state=codec.state_to_pb(state),
                                     expires_in_ms=min(expires_ms, validation.INT64_MAX))
 
     @rpc
-    def GetTransaction(self, request, context):  # noqa: N802
-        return codec.txn_to_pb(self.core.get_transaction(request.txn_id), request.include_writes)
+    def GetTransaction(self, core, request, context):  # noqa: N802
+        return codec.txn_to_pb(core.get_transaction(request.txn_id), request.include_writes)
 
     @rpc
-    def ListTransactions(self, request, context):  # noqa: N802
+    def ListTransactions(self, core, request, context):  # noqa: N802
         if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
             raise InvalidArgument(f"page_size must be 0..{MAX_PAGE_SIZE}, got {request.page_size}")
         if request.created_after_unix_ms < 0 or request.created_before_unix_ms < 0:
@@ -169,13 +202,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             created_before_ms=request.created_before_unix_ms,
             after_start_ts=_after_start_ts(request.page_token), limit=limit + 1,
         )
-        txns = self.core.list_transactions(query)
+        txns = core.list_transactions(query)
         token = _page_token(txns[limit - 1].start_ts) if len(txns) > limit else ""
         return pb.ListTransactionsResponse(
             transactions=[codec.txn_to_pb(t) for t in txns[:limit]], next_page_token=token)
 
     @rpc
-    def GetSnapshot(self, request, context):  # noqa: N802
+    def GetSnapshot(self, core, request, context):  # noqa: N802
         validation.check_count("tables", len(request.tables))
         validation.check_timeout_ms("wait_timeout_ms", request.wait_timeout_ms,
                                     validation.MAX_WAIT_MS)
@@ -186,24 +219,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             batch = (ref.pipeline_id, optional(ref, "generation"), ref.batch_id)
             if batch[1] is not None:
                 validation.check_non_negative("generation", batch[1])
-        snapshot = self.core.get_snapshot(
+        snapshot = core.get_snapshot(
             list(request.tables), request.as_of_ts if as_of == "as_of_ts" else None, batch,
             request.wait_timeout_ms / 1000 if request.wait_timeout_ms else None)
         reply = pb.GetSnapshotResponse(snapshot_ts=snapshot.snapshot_ts)
         for table in request.tables:
-            canonical = self.core.resolve_table(table)
+            canonical = core.resolve_table(table)
             version = snapshot.versions[canonical]
             reply.tables.add(table=table, canonical_table=canonical, exists=version is not None,
                              delta_version=version or 0)
         return reply
 
     @rpc
-    def GetPipeline(self, request, context):  # noqa: N802
-        return codec.pipeline_to_pb(self.core.get_pipeline(request.pipeline_id))
+    def GetPipeline(self, core, request, context):  # noqa: N802
+        return codec.pipeline_to_pb(core.get_pipeline(request.pipeline_id))
 
     @rpc
-    def ResetPipeline(self, request, context):  # noqa: N802
-        pipeline, changed, aborted = self.core.reset_pipeline(
+    def ResetPipeline(self, core, request, context):  # noqa: N802
+        pipeline, changed, aborted = core.reset_pipeline(
             request.pipeline_id, validation.clean_reason(request.reason),
             optional(request, "expected_generation"),
             request.require_idle, optional(request, "query_id"))

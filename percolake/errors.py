@@ -65,3 +65,13 @@ class StoreConflict(Exception):
 
 class CommitStateUnknown(Exception):
     """The store may or may not have made a write durable: never guess, re-read."""
+
+
+class NotLeader(Unavailable):
+    """This coordinator process does not hold the leader lease (a standby, or a leader whose
+    lease was taken over): nothing was done; the client retries at the leader."""
+
+
+class StoreUnavailable(CommitStateUnknown):
+    """The store could not be reached (connection refused or cut, server restarting); a write
+    in flight may or may not have become durable, so its outcome must be re-read."""

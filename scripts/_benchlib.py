@@ -247,3 +247,30 @@ def request_kinds(requests: Sequence[tuple[str, str]]) -> dict[str, int]:
             kind = method
         kinds[kind] = kinds.get(kind, 0) + 1
     return kinds
+
+
+# ---------------------------------------------------------------------- bulk-loaded history
+
+HISTORY_SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
+    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+    {"name": "day", "type": "string", "nullable": True, "metadata": {}},
+]})
+HISTORY_STATS = json.dumps({"numRecords": 1000, "minValues": {"id": 0},
+                            "maxValues": {"id": 999}, "nullCount": {"id": 0}})
+
+
+def history_table_entry(table: str, txn_id: str, created_ms: int, written: bool,
+                        version: int | None) -> str:
+    """One table entry of a bulk-loaded transaction record (4 files of 100 kB when
+    ``written``), in the JSON form TableEntry.json_text gives it."""
+    write = "null"
+    if written:
+        files = ",".join(
+            f'{{"path":"_percolake/{txn_id}/part-{f:05d}.parquet","size":100000,'
+            f'"partition_values":{{}},"modification_time":{created_ms},'
+            f'"stats":{json.dumps(HISTORY_STATS)}}}' for f in range(4))
+        write = (f'{{"table":"{table}","mode":"append","add_files":[{files}],'
+                 f'"schema_json":{json.dumps(HISTORY_SCHEMA_JSON)},"partition_by":[],'
+                 f'"replace_partitions":[]}}')
+    return (f'{{"table":"{table}","write_location":"{table}/_percolake/{txn_id}",'
+            f'"write":{write},"delta_version":{"null" if version is None else version}}}')

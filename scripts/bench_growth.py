@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sqlite3
 import sys
@@ -34,10 +33,7 @@ from coordinator.store import SqliteStore  # noqa: E402
 
 DAEMON_ARGS = ["--roll-forward-after", "1000000", "--txn-timeout", "600", "--log-level",
                "warning"]
-SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
-    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
-    {"name": "day", "type": "string", "nullable": True, "metadata": {}},
-]})
+SCHEMA_JSON = bl.HISTORY_SCHEMA_JSON
 
 
 def _stub(target: str):  # noqa: ANN202
@@ -57,8 +53,6 @@ def cost_per_txn(target: str, pid: int, warehouse: Path, tables: int, files: int
     channel, stub = _stub(target)
     pipeline = f"growth-{tables}x{files}-{uuid.uuid4().hex[:6]}"
     names = [str(warehouse / pipeline / f"t{k}") for k in range(tables)]
-    stats = json.dumps({"numRecords": 1000, "minValues": {"id": 0}, "maxValues": {"id": 999},
-                        "nullCount": {"id": 0}})
     lat: dict[str, list[float]] = {"open": [], "commit": [], "report": [], "txn": []}
     request_bytes = 0
     cpu0 = bl.cpu_seconds(pid)
@@ -73,7 +67,7 @@ def cost_per_txn(target: str, pid: int, warehouse: Path, tables: int, files: int
             table=name, mode=pb.APPEND, schema_json=SCHEMA_JSON,
             add_files=[pb.AddFile(path=f"_percolake/{txn.txn_id}/part-{i:05d}.parquet",
                                   size=100_000, modification_time=1_700_000_000_000,
-                                  stats=stats) for i in range(files)]) for name in names]
+                                  stats=bl.HISTORY_STATS) for i in range(files)]) for name in names]
         request = pb.CommitTransactionRequest(txn_id=txn.txn_id, tables=names, writes=writes)
         request_bytes = request.ByteSize()
         stub.CommitTransaction(request, timeout=120)
@@ -105,8 +99,6 @@ def bulk_load(data_dir: Path, warehouse: Path, count: int, pipelines: int,
     end_ms = int(time.time() * 1000) - 36 * 3600 * 1000
     start_ms = end_ms - int(age_days * 86400 * 1000)
     step = (end_ms - start_ms) / count
-    stats = json.dumps({"numRecords": 1000, "minValues": {"id": 0}, "maxValues": {"id": 999},
-                        "nullCount": {"id": 0}})
     t0 = time.monotonic()
     conn.execute("BEGIN")
     conn.executemany("INSERT INTO pipelines VALUES (?, 0, 1, ?, ?, ?, '[]', 0)",
@@ -126,16 +118,8 @@ def bulk_load(data_dir: Path, warehouse: Path, count: int, pipelines: int,
         entries = []
         for k in range(3):
             table = f"file://{warehouse}/hist-{pipeline}/t{k}"
-            files = ",".join(
-                f'{{"path":"_percolake/{txn_id}/part-{f:05d}.parquet","size":100000,'
-                f'"partition_values":{{}},"modification_time":{created},'
-                f'"stats":{json.dumps(stats)}}}' for f in range(4))
-            write = (f'{{"table":"{table}","mode":"append","add_files":[{files}],'
-                     f'"schema_json":{json.dumps(SCHEMA_JSON)},"partition_by":[],'
-                     f'"replace_partitions":[]}}')
-            entries.append(f'{{"table":"{table}","write_location":"{table}/_percolake/'
-                           f'{txn_id}","write":{write},'
-                           f'"delta_version":{"null" if aborted else batch}}}')
+            entries.append(bl.history_table_entry(table, txn_id, created, True,
+                                                  None if aborted else batch))
             if not aborted:
                 commits.append((table, commit_ts, txn_id, batch))
         chunk.append((txn_id, f"hist-{pipeline}", 0, batch, 1 if not aborted else 2, 1, "",

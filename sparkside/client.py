@@ -1,21 +1,14 @@
-"""A typed client of the coordinator: bounded retries of transient errors, named failures."""
+"""A typed client of the coordinator: follows the leader, bounded retries, named failures."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
+from percolake.leader import LeaderFollower, LeaderNotReached
 from percolake.v1 import coordinator_pb2 as pb
-from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 from sparkside.channel import make_channel
 from sparkside.errors import (
     BatchRefused,
@@ -32,10 +25,6 @@ TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 CALL_TIMEOUT_S = 60.0
 
 
-def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and exc.code() in TRANSIENT
-
-
 def translate(exc: grpc.RpcError) -> PercolakeError:
     """The Spark-side error for a coordinator status, carrying the coordinator's message."""
     code, detail = exc.code(), exc.details() or ""
@@ -49,39 +38,42 @@ def translate(exc: grpc.RpcError) -> PercolakeError:
 
 
 class CoordinatorClient:
-    """Calls the coordinator, retrying UNAVAILABLE and DEADLINE_EXCEEDED for ``retry_s``."""
+    """Calls the coordinator, retrying UNAVAILABLE and DEADLINE_EXCEEDED for ``retry_s``.
+
+    ``target`` is one ``host:port`` or several separated by commas (``"h1:50051,h2:50051"``):
+    calls go to the leader, following a standby's hint or trying the next address
+    (:class:`percolake.leader.LeaderFollower`).
+
+    Raises:
+        ValueError: ``target`` is not HOST:PORT[,HOST:PORT...].
+    """
 
     def __init__(self, target: str, retry_s: float = 60.0) -> None:
-        self.target = target
+        self._follower = LeaderFollower(target, make_channel)
+        self.target = self._follower.target
         self.retry_s = retry_s
-        self._channel = make_channel(target)
-        self.stub = pb_grpc.CoordinatorStub(self._channel)
 
     def close(self) -> None:
-        self._channel.close()
+        self._follower.close()
+
+    @property
+    def leader(self) -> str:
+        """The address the next call goes to first: the coordinator that answered last."""
+        return self._follower.current
 
     def call(self, method: str, request: Any, retry_s: float | None = None) -> Any:
         """One RPC by name; transient failures are retried, every other one is translated."""
-        rpc: Callable[..., Any] = getattr(self.stub, method)
         budget = self.retry_s if retry_s is None else retry_s
         try:
-            for attempt in Retrying(
-                retry=retry_if_exception(_transient),
-                stop=stop_after_delay(budget),
-                wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
-                reraise=True,
-            ):
-                with attempt:
-                    return rpc(request, timeout=min(CALL_TIMEOUT_S, max(budget, 1.0)),
-                               wait_for_ready=True)
+            return self._follower.call(method, request,
+                                       timeout_s=min(CALL_TIMEOUT_S, max(budget, 1.0)),
+                                       retry_s=budget)
+        except LeaderNotReached as exc:
+            raise CoordinatorUnavailable(
+                f"coordinator at {self.target} did not answer {method} within {budget:.0f} s "
+                f"({exc.code().name}; {exc.details()})") from exc
         except grpc.RpcError as exc:
-            error = translate(exc)
-            if isinstance(error, CoordinatorUnavailable):
-                error = CoordinatorUnavailable(
-                    f"coordinator at {self.target} did not answer {method} within "
-                    f"{budget:.0f} s ({exc.code().name}: {exc.details()})")
-            raise error from exc
-        raise AssertionError("unreachable")
+            raise translate(exc) from exc
 
     # Thin helpers for the calls the participant and reader make.
     def register(self, pipeline_id: str, query_id: str | None) -> pb.RegisterPipelineResponse:

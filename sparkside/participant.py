@@ -116,7 +116,9 @@ class Participant:
     """Turns ``foreachBatch`` into one atomic, exactly-once transaction per micro-batch.
 
     Args:
-        target: the coordinator's ``host:port``.
+        target: the coordinator's ``host:port``, or several coordinators (one leader, the
+            others standbys) separated by commas: ``"h1:50051,h2:50051"``; calls follow
+            the leader within ``retry_s``.
         pipeline_id: stable name of the streaming query (like Kafka's transactional.id).
         retry_s: how long transient coordinator failures are retried before the batch fails.
         heartbeat_s: heartbeat interval from Open until Commit; never more than a third of

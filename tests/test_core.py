@@ -315,6 +315,37 @@ def test_restart_reloads_live_transactions_and_holds(tmp_path):
     assert second.oracle.next() > txn.start_ts
 
 
+def test_closing_the_core_wakes_a_request_waiting_for_a_table_hold(tmp_path):
+    import threading
+    import time
+
+    from percolake.errors import NotLeader
+
+    core = TransactionCoordinator(
+        MemoryStore(), CoordinatorConfig([str(tmp_path)], conflict_wait_s=30),
+        applier=FakeDelta())
+    holder, _ = core.open_transaction("p", 0)
+    core.declare_tables(holder.txn_id, None, [table(tmp_path, "a")])
+    waiter, _ = core.open_transaction("q", 0)
+    outcome: list[BaseException] = []
+
+    def wait_for_hold() -> None:
+        try:
+            core.declare_tables(waiter.txn_id, None, [table(tmp_path, "a")])
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=wait_for_hold)
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive()  # waiting: the hold is live for 30 s
+    started = time.monotonic()
+    core.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - started < 1.0
+    assert len(outcome) == 1 and isinstance(outcome[0], NotLeader)
+
+
 def test_reset_starts_a_generation_keeps_history_and_is_idempotent(env):
     core, _, _, _, tmp = env
     q1, q2 = str(uuid.uuid4()), str(uuid.uuid4())

@@ -1,8 +1,20 @@
-"""One conformance suite for every store implementation."""
+"""One conformance suite for every store implementation (memory, SQLite, PostgreSQL), and the
+leader lease's for the stores that keep one."""
+
+import time
 
 import pytest
 
-from coordinator.store import IndexView, MemoryStore, SqliteStore, TableCommit, TxnQuery
+from coordinator.store import (
+    IndexView,
+    MemoryStore,
+    PostgresStore,
+    SqliteStore,
+    StoreSchemaError,
+    TableCommit,
+    TxnQuery,
+    open_store,
+)
 from percolake.errors import StoreConflict
 from percolake.records import (
     AddFileRecord,
@@ -16,9 +28,19 @@ from percolake.records import (
 from percolake.states import TxnState
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+def make_store(kind, request, tmp_path):
+    if kind == "sqlite":
+        return SqliteStore(tmp_path)
+    if kind == "memory":
+        return MemoryStore()
+    return PostgresStore(request.getfixturevalue("pg_dsn"))
+
+
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 def store(request, tmp_path):
-    made = SqliteStore(tmp_path) if request.param == "sqlite" else MemoryStore()
+    made = make_store(request.param, request, tmp_path)
+    if made.supports_leases:  # a store shared by processes writes only while it leads
+        assert made.try_acquire_lease("conformance", "127.0.0.1:1", 600.0) is not None
     yield made
     made.close()
 
@@ -154,6 +176,27 @@ def test_sqlite_store_survives_reopen(tmp_path):
     assert SqliteStore(tmp_path).get_txn("t1") == txn()
 
 
+def test_sqlite_store_refuses_a_newer_schema(tmp_path):
+    store = SqliteStore(tmp_path)
+    store._conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    store.close()
+    with pytest.raises(StoreSchemaError, match="has schema 2; this coordinator knows up to 1: "
+                                               "upgrade the coordinator"):
+        SqliteStore(tmp_path)
+
+
+def test_open_store_picks_the_store_by_its_url(tmp_path, pg_dsn):
+    sqlite = open_store("", tmp_path)
+    assert isinstance(sqlite, SqliteStore)
+    sqlite.close()
+    for url in (pg_dsn, pg_dsn.replace("postgresql://", "postgres://")):
+        postgres = open_store(url, None)
+        assert isinstance(postgres, PostgresStore) and postgres.supports_leases
+        postgres.close()
+    with pytest.raises(ValueError, match="unknown store 'mysql'"):
+        open_store("mysql://x/y", tmp_path)
+
+
 def test_sqlite_store_runs_wal_with_full_sync(tmp_path):
     store = SqliteStore(tmp_path)
     assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -187,3 +230,73 @@ def test_prune_skips_the_keep_set_without_starving(store):
     assert store.prune(cutoff_ms=5000, floor_ts=0, limit=limit, keep=held) == (limit, 0)
     assert all(store.get_txn(t) is not None for t in held)
     assert all(store.get_txn(f"gone{i}") is None for i in range(limit))
+
+
+# ---------------------------------------------------------------- the leader lease
+
+LEASE_S = 0.3
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def lease_stores(request, tmp_path):
+    """Two coordinators' views of one store: two store objects on one PostgreSQL database,
+    or the one MemoryStore both would share in a process."""
+    first = make_store(request.param, request, tmp_path)
+    second = PostgresStore(request.getfixturevalue("pg_dsn")) \
+        if request.param == "postgres" else first
+    yield first, second
+    for made in {id(first): first, id(second): second}.values():
+        made.close()
+
+
+def test_a_free_lease_is_acquired_with_a_new_epoch(lease_stores):
+    first, _ = lease_stores
+    assert first.read_lease().remaining_s <= 0  # never held
+    assert first.fencing_epoch is None
+    epoch = first.try_acquire_lease("a", "127.0.0.1:5001", LEASE_S)
+    assert epoch == 1 and first.fencing_epoch == epoch
+    lease = first.read_lease()
+    assert (lease.holder, lease.epoch, lease.address) == ("a", epoch, "127.0.0.1:5001")
+    assert 0 < lease.remaining_s <= LEASE_S
+
+
+def test_a_held_lease_is_refused_to_others_until_it_expires(lease_stores):
+    first, second = lease_stores
+    epoch = first.try_acquire_lease("a", "127.0.0.1:5001", LEASE_S)
+    assert second.try_acquire_lease("b", "127.0.0.1:5002", LEASE_S) is None
+    assert first.renew_lease(epoch, LEASE_S)
+    assert second.read_lease().holder == "a"
+    time.sleep(LEASE_S * 1.3)
+    assert second.read_lease().remaining_s <= 0
+    taken = second.try_acquire_lease("b", "127.0.0.1:5002", LEASE_S)
+    assert taken == epoch + 1 and second.fencing_epoch == taken
+    assert (second.read_lease().holder, second.read_lease().address) == ("b", "127.0.0.1:5002")
+    assert not first.renew_lease(epoch, LEASE_S)  # taken over: its epoch is gone
+    assert first.try_acquire_lease("a", "127.0.0.1:5001", LEASE_S) is None
+
+
+def test_an_expired_lease_renews_while_nobody_took_over(lease_stores):
+    first, _ = lease_stores
+    epoch = first.try_acquire_lease("a", "127.0.0.1:5001", LEASE_S)
+    time.sleep(LEASE_S * 1.3)
+    assert first.renew_lease(epoch, LEASE_S)
+    assert first.read_lease().remaining_s > 0 and first.read_lease().epoch == epoch
+
+
+def test_the_holder_reacquires_at_once_with_a_new_epoch(lease_stores):
+    first, second = lease_stores
+    epoch = first.try_acquire_lease("a", "127.0.0.1:5001", 600.0)
+    assert second.try_acquire_lease("a", "127.0.0.1:5003", 600.0) == epoch + 1
+    assert second.read_lease().address == "127.0.0.1:5003"
+    assert not first.renew_lease(epoch, 600.0)
+
+
+def test_a_released_lease_is_free_at_once(lease_stores):
+    first, second = lease_stores
+    epoch = first.try_acquire_lease("a", "127.0.0.1:5001", 600.0)
+    first.release_lease(epoch)
+    assert first.fencing_epoch is None
+    assert first.read_lease().remaining_s <= 0
+    assert second.try_acquire_lease("b", "127.0.0.1:5002", 600.0) == epoch + 1
+    first.release_lease(epoch)  # a stale release changes nothing
+    assert second.read_lease().remaining_s > 0

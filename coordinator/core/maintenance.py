@@ -8,12 +8,22 @@ import time
 from coordinator.core.state import SWEEP_INTERVAL_S, CoreState, wall_ms
 from coordinator.oracle import LOGICAL_BITS
 from coordinator.store.base import TxnQuery
+from percolake.errors import NotLeader, StoreUnavailable
 from percolake.failpoints import fail_point
 from percolake.lake.warehouse import UnsafeLocation
 from percolake.records import TableEntry, TxnRecord
 from percolake.states import LIVE_STATES, TxnState
 
 log = logging.getLogger("percolake.coordinator")
+
+
+def _log_failure(what: str, exc: Exception, **extra: object) -> None:
+    """A background step failed: a store out of reach or a lease lost (the leadership steps
+    down on its own) is a warning; anything else is a bug and logged with its trace."""
+    if isinstance(exc, (NotLeader, StoreUnavailable)):
+        log.warning(what, extra={**extra, "error": f"{type(exc).__name__}: {exc}"})
+    else:
+        log.exception(what, extra=extra)
 
 
 class Maintenance(CoreState):
@@ -33,8 +43,8 @@ class Maintenance(CoreState):
                 if txn is not None and txn.state in LIVE_STATES and deadline <= now:
                     try:
                         expired.append(self._expire(txn))
-                    except Exception:
-                        log.exception("could not expire a transaction", extra={"txn_id": txn_id})
+                    except Exception as exc:
+                        _log_failure("could not expire a transaction", exc, txn_id=txn_id)
             due = now - self.config.roll_forward_after_s
             orphaned = [
                 (t.txn_id, table) for t in self._unfinished.values()
@@ -47,8 +57,8 @@ class Maintenance(CoreState):
         for txn_id, table in orphaned:
             try:
                 self._roll_forward(txn_id, table, time.monotonic() + self.config.snapshot_wait_s)
-            except Exception:  # logged; the next pass retries
-                log.exception("roll-forward failed", extra={"txn_id": txn_id, "table": table})
+            except Exception as exc:  # logged; the next pass retries
+                _log_failure("roll-forward failed", exc, txn_id=txn_id, table=table)
 
     def sweep_recent_aborts(self, horizon_s: float = 24 * 3600) -> int:
         """Deletes leftover files of attempts aborted within the horizon (a crash may have cut
@@ -104,8 +114,8 @@ class Maintenance(CoreState):
     def _resolve_loop(self) -> None:
         try:
             self.sweep_recent_aborts()
-        except Exception:
-            log.exception("sweep of aborted attempts failed")
+        except Exception as exc:
+            _log_failure("sweep of aborted attempts failed", exc)
         last_sweep = time.monotonic()
         last_prune = -float("inf")
         while not self._stop.wait(self.config.resolver_interval_s):
@@ -120,8 +130,8 @@ class Maintenance(CoreState):
                     self.sweep_recent_aborts(horizon_s=3 * self.config.txn_timeout_s
                                              + SWEEP_INTERVAL_S)
                     last_sweep = time.monotonic()
-            except Exception:
-                log.exception("resolver pass failed")
+            except Exception as exc:
+                _log_failure("resolver pass failed", exc)
 
     def _clean_up(self, txns: list[TxnRecord]) -> None:
         """Deletes the files of aborted attempts: only the write locations the store recorded.

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from coordinator import validation
 from coordinator.core.state import CoreState, wall_ms
-from percolake.errors import Conflict, InvalidArgument
+from percolake.errors import Conflict, InvalidArgument, NotLeader
 from percolake.failpoints import fail_point
 from percolake.lake.warehouse import write_location
 from percolake.records import TableEntry, TxnRecord
@@ -137,6 +137,10 @@ class Opening(CoreState):
             roll_forward: str | None = None
             expired: list[TxnRecord] = []
             with self._lock:
+                if self._stop.is_set():
+                    raise NotLeader("this coordinator stopped serving (it stepped down or is "
+                                    "shutting down) while the request waited for table "
+                                    f"{table}; retry")
                 txn = self._get(txn_id)
                 if table in txn.tables and txn.state != TxnState.ABORTED:
                     self._check_txn_caller(txn, epoch)

@@ -116,7 +116,9 @@ class CoreState:
         self._resolver.start()
 
     def close(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            self._changed.notify_all()  # requests waiting for a table hold give up (NotLeader)
         if self._resolver is not None:
             self._resolver.join(timeout=30)
 

@@ -1,4 +1,4 @@
-"""The storage interface every store implements (SQLite now, PostgreSQL later).
+"""The storage interface every store implements (memory, SQLite, PostgreSQL).
 
 Rules for implementations:
 - Updates are compare-and-set on ``row_version``, checked by row count; a mismatch raises
@@ -7,6 +7,12 @@ Rules for implementations:
   batch is its own batch): before ``batch`` returns, or, in a store with group commit, before
   the next ``flush()`` returns. Whoever replies to a client calls ``flush()`` first (I8).
 - Nothing above this interface may rely on one implementation's specifics.
+
+Stores shared by several coordinator processes (``supports_leases``) also keep the leader
+lease: one holder at a time, each acquisition with a new epoch (the fencing token). Such a store
+refuses writes (:class:`~percolake.errors.NotLeader`) unless it holds the lease and the epoch it
+acquired is still the newest; a store it cannot reach raises
+:class:`~percolake.errors.StoreUnavailable` (the outcome of a write in flight is unknown).
 """
 
 from __future__ import annotations
@@ -20,6 +26,20 @@ from percolake.records import PipelineRecord, TxnRecord
 from percolake.states import TxnState
 
 UNFINISHED_STATES = (TxnState.OPEN, TxnState.PREWRITTEN, TxnState.COMMITTED)
+
+
+class StoreSchemaError(RuntimeError):
+    """The store's schema is newer than this coordinator knows: upgrade the coordinator."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The leader lease as the store sees it now."""
+
+    holder: str  # node id of the holder ("" if never held)
+    epoch: int  # fencing token: +1 on every acquisition
+    address: str  # advertised HOST:PORT of the holder
+    remaining_s: float  # seconds until expiry by the store's clock (<= 0: expired)
 
 
 @dataclass(frozen=True)
@@ -58,6 +78,8 @@ class TxnQuery:
 class Store(abc.ABC):
     """Durable records of pipelines, transactions, the snapshot index and the oracle."""
 
+    supports_leases: bool = False
+
     @abc.abstractmethod
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """All writes inside become durable together when the block ends without error."""
@@ -72,6 +94,35 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def ping(self) -> None:
+        """Raises StoreUnavailable if the store cannot be reached (an embedded one always can)."""
+        return
+
+    # leader lease (stores with ``supports_leases``)
+    def read_lease(self) -> Lease:
+        raise NotImplementedError(f"{type(self).__name__} keeps no leader lease")
+
+    def try_acquire_lease(self, holder: str, address: str, lease_s: float) -> int | None:
+        """Takes the lease for ``lease_s`` seconds if it expired or ``holder`` holds it; bumps
+        the epoch. Returns the new epoch, which this store's writes carry from now on, or None
+        if another holder's lease runs (or the lease row stayed locked too long)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leader lease")
+
+    def renew_lease(self, epoch: int, lease_s: float) -> bool:
+        """Extends the lease to ``lease_s`` seconds from now if ``epoch`` is still the newest
+        (even if it ran out: nobody took over); False if another acquisition happened."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leader lease")
+
+    def release_lease(self, epoch: int) -> None:
+        """Expires the lease now if ``epoch`` still holds it (a graceful shutdown); this store
+        writes no more."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no leader lease")
+
+    @property
+    def fencing_epoch(self) -> int | None:
+        """The lease epoch this store's writes carry (None: it holds no lease)."""
+        return None
 
     # timestamp oracle
     @abc.abstractmethod

@@ -5,17 +5,33 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
-from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
+from coordinator.store.base import (
+    UNFINISHED_STATES,
+    IndexView,
+    Lease,
+    Store,
+    TableCommit,
+    TxnQuery,
+)
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, TxnRecord
 from percolake.states import COMMITTED_STATES
 
 
 class MemoryStore(Store):
+    """One process's store; its leader lease runs on ``time.monotonic`` and fences nothing
+    (every user of it is in this process)."""
+
+    supports_leases = True
+
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._lease = Lease(holder="", epoch=0, address="", remaining_s=0.0)
+        self._lease_expires = time.monotonic() - 1.0  # expired: never held
+        self._fencing_epoch: int | None = None
         self._high_water = 0
         self._pipelines: dict[str, dict] = {}
         self._txns: dict[str, dict] = {}
@@ -47,6 +63,39 @@ class MemoryStore(Store):
 
     def close(self) -> None:
         pass
+
+    def read_lease(self) -> Lease:
+        with self._lock:
+            remaining = self._lease_expires - time.monotonic()
+            return Lease(self._lease.holder, self._lease.epoch, self._lease.address, remaining)
+
+    def try_acquire_lease(self, holder: str, address: str, lease_s: float) -> int | None:
+        with self._lock:
+            now = time.monotonic()
+            if self._lease_expires > now and self._lease.holder != holder:
+                return None
+            self._lease = Lease(holder, self._lease.epoch + 1, address, lease_s)
+            self._lease_expires = now + lease_s
+            self._fencing_epoch = self._lease.epoch
+            return self._lease.epoch
+
+    def renew_lease(self, epoch: int, lease_s: float) -> bool:
+        with self._lock:
+            if self._lease.epoch != epoch:
+                return False
+            self._lease_expires = time.monotonic() + lease_s
+            return True
+
+    def release_lease(self, epoch: int) -> None:
+        with self._lock:
+            if self._lease.epoch == epoch:
+                self._lease_expires = time.monotonic()
+            if self._fencing_epoch == epoch:
+                self._fencing_epoch = None
+
+    @property
+    def fencing_epoch(self) -> int | None:
+        return self._fencing_epoch
 
     def read_timestamp_high_water(self) -> int:
         return self._high_water

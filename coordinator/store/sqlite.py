@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
+from coordinator.store.schema import refuse_newer
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, TxnRecord
 
@@ -124,7 +125,9 @@ class SqliteStore(Store):
             if row is None:
                 self._conn.execute("INSERT INTO meta VALUES ('schema_version', ?)",
                                    (SCHEMA_VERSION,))
-            elif row[0] != SCHEMA_VERSION:
+            else:
+                refuse_newer(str(self.path), row[0], SCHEMA_VERSION)
+            if row is not None and row[0] != SCHEMA_VERSION:  # older: no migration exists
                 raise RuntimeError(
                     f"{self.path} has store schema {row[0]}; "
                     f"this coordinator reads {SCHEMA_VERSION}"

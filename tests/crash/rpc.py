@@ -1,32 +1,32 @@
-"""A small gRPC client of the coordinator for the harness: retries while the daemon restarts."""
+"""A small gRPC client of the coordinator for the harness: retries while the daemon restarts.
+
+Given several addresses (``"h1:p,h2:p"``) it follows the leader as the Spark side does
+(:class:`percolake.leader.LeaderFollower`).
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
-import grpc
-
+from percolake.leader import LeaderFollower
 from percolake.v1 import coordinator_pb2 as pb
-from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 COMMITTED_STATES = (pb.COMMITTED, pb.APPLIED)
 
 
 class Client:
-    """Calls the coordinator; transient errors (a restart) are retried for ``retry_s``."""
+    """Calls the coordinator (the leader of several); transient errors (a restart, a
+    takeover) are retried for ``retry_s``, then raised as ``grpc.RpcError``."""
 
     def __init__(self, target: str, retry_s: float = 60.0, call_timeout_s: float = 10.0) -> None:
-        self.target = target
+        # One address: fail fast while the daemon is down and poll, as before.
+        self.follower = LeaderFollower(target, wait_for_ready=False, max_backoff_s=0.5)
+        self.target = self.follower.target
         self.retry_s = retry_s
         self.call_timeout_s = call_timeout_s
-        self.channel = grpc.insecure_channel(target)
-        self.stub = pb_grpc.CoordinatorStub(self.channel)
 
     def close(self) -> None:
-        self.channel.close()
+        self.follower.close()
 
     def __enter__(self) -> Client:
         return self
@@ -35,17 +35,8 @@ class Client:
         self.close()
 
     def call(self, method: str, request: Any, retry_s: float | None = None) -> Any:
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
-        fn: Callable[..., Any] = getattr(self.stub, method)
-        delay = 0.05
-        while True:
-            try:
-                return fn(request, timeout=self.call_timeout_s)
-            except grpc.RpcError as exc:
-                if exc.code() not in RETRYABLE or time.monotonic() + delay > deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        return self.follower.call(method, request, timeout_s=self.call_timeout_s,
+                                  retry_s=self.retry_s if retry_s is None else retry_s)
 
     def list_transactions(self, pipeline_id: str = "", **filters: Any) -> list[pb.Transaction]:
         """Every transaction (all pages), ordered by start_ts."""

@@ -1,0 +1,118 @@
+"""Versioned store schemas: a ``meta`` row ``schema_version``; an older schema is migrated in one
+transaction, a newer one refused (this coordinator would misread it).
+
+PostgreSQL's schema is an ordered list of migrations: version 1 holds the records (the same
+tables as SQLite's), version 2 adds the leader lease. Two processes creating or migrating the
+same database at once take turns on an advisory lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from coordinator.store.base import StoreSchemaError
+
+if TYPE_CHECKING:  # psycopg is loaded only by the PostgreSQL store
+    import psycopg
+
+MIGRATION_LOCK = 0x7065_7263_6F6C_616B  # "percolak": pg_advisory_xact_lock key (a bigint)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    statements: tuple[str, ...]
+
+
+def refuse_newer(where: str, found: int, known: int) -> None:
+    """Raises StoreSchemaError if the store's schema ``found`` is newer than ``known``."""
+    if found > known:
+        raise StoreSchemaError(
+            f"the store at {where} has schema {found}; this coordinator knows up to {known}: "
+            "upgrade the coordinator")
+
+
+POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, (
+        "CREATE TABLE meta (key TEXT COLLATE \"C\" PRIMARY KEY, value BIGINT NOT NULL)",
+        """CREATE TABLE pipelines (
+            pipeline_id TEXT COLLATE "C" PRIMARY KEY,
+            generation BIGINT NOT NULL,
+            epoch BIGINT NOT NULL,
+            query_id TEXT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            last_commit_ms BIGINT NOT NULL,
+            resets TEXT NOT NULL,
+            row_version BIGINT NOT NULL)""",
+        """CREATE TABLE transactions (
+            txn_id TEXT COLLATE "C" PRIMARY KEY,
+            pipeline_id TEXT COLLATE "C" NOT NULL,
+            generation BIGINT NOT NULL,
+            batch_id BIGINT NOT NULL,
+            attempt BIGINT NOT NULL,
+            epoch BIGINT NOT NULL,
+            query_id TEXT NOT NULL,
+            state TEXT COLLATE "C" NOT NULL,
+            start_ts BIGINT NOT NULL UNIQUE,
+            commit_ts BIGINT NOT NULL,
+            tables TEXT NOT NULL,
+            abort_reason TEXT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            updated_ms BIGINT NOT NULL,
+            row_version BIGINT NOT NULL)""",
+        "CREATE INDEX transactions_by_batch ON transactions (pipeline_id, generation, batch_id)",
+        "CREATE INDEX transactions_unfinished ON transactions (state) "
+        "WHERE state IN ('OPEN', 'PREWRITTEN', 'COMMITTED')",
+        "CREATE INDEX transactions_by_pipeline_ts ON transactions (pipeline_id, start_ts)",
+        "CREATE INDEX transactions_by_state_created ON transactions (state, created_ms)",
+        """CREATE TABLE table_commits (
+            table_uri TEXT COLLATE "C" NOT NULL,
+            commit_ts BIGINT NOT NULL,
+            txn_id TEXT NOT NULL,
+            delta_version BIGINT,
+            PRIMARY KEY (table_uri, commit_ts))""",
+        "CREATE INDEX table_commits_unapplied ON table_commits (table_uri, commit_ts) "
+        "WHERE delta_version IS NULL",
+    )),
+    Migration(2, (
+        # One row: who leads, with which fencing epoch, until when (the database's clock).
+        """CREATE TABLE leader_lease (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            holder TEXT NOT NULL,
+            epoch BIGINT NOT NULL,
+            address TEXT NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL)""",
+        "INSERT INTO leader_lease VALUES (1, '', 0, '', to_timestamp(0))",
+    )),
+)
+
+
+def schema_version(conn: psycopg.Connection) -> int:
+    """The database's schema version (0: no percolake schema yet)."""
+    if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+        return 0
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        raise StoreSchemaError("a table 'meta' without a schema_version: not a percolake store")
+    return row[0]
+
+
+def migrate_postgres(conn: psycopg.Connection, where: str,
+                     migrations: Sequence[Migration] = POSTGRES_MIGRATIONS) -> int:
+    """Brings the database of ``conn`` (in autocommit mode) to the newest schema of
+    ``migrations`` in one transaction, or refuses a newer one; returns the version."""
+    known = migrations[-1].version
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        found = schema_version(conn)
+        refuse_newer(where, found, known)
+        for migration in migrations:
+            if migration.version <= found:
+                continue
+            for statement in migration.statements:
+                conn.execute(statement)
+            conn.execute("INSERT INTO meta VALUES ('schema_version', %s) ON CONFLICT (key) "
+                         "DO UPDATE SET value = excluded.value", (migration.version,))
+    return max(found, known)
