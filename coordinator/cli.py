@@ -3,6 +3,8 @@
 Commands:
   serve           run the coordinator daemon
   reset-pipeline  start a new generation of a pipeline (after its checkpoint was replaced)
+  acl             add, remove or list permissions (docs/security.md)
+  tokens          create, revoke or list bearer tokens
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ import argparse
 import json
 import sys
 
+from coordinator import limits
+from coordinator.auth import cli as auth_cli
 from coordinator.core import CoordinatorConfig
+from percolake.credentials import add_client_arguments
+from percolake.leader import LeaderFollower
 
 DEFAULT_PORT = 50051
 
@@ -104,9 +110,11 @@ def _parser() -> argparse.ArgumentParser:
                        "the horizon need); time travel to before it is refused. At least 24 "
                        "(aborted attempts are swept for 24 h); 0 keeps everything")
     serve.add_argument("--max-message-bytes", type=_positive(int), default=64 * 1024 * 1024,
-                       help="largest gRPC message accepted")
+                       help="largest gRPC message accepted or sent (a larger request or reply "
+                       "is refused with RESOURCE_EXHAUSTED)")
     serve.add_argument("--max-workers", type=_positive(int), default=32,
                        help="threads serving RPCs")
+    limits.add_arguments(serve)
     serve.add_argument("--shutdown-grace", type=_positive(float), default=10.0,
                        metavar="SECONDS", help="time in-flight RPCs get to finish on shutdown")
     serve.add_argument("--object-store-timeout", type=_positive(float), default=30.0,
@@ -119,6 +127,18 @@ def _parser() -> argparse.ArgumentParser:
                        choices=["debug", "info", "warning", "error"], help="log verbosity")
     serve.add_argument("--log-format", default="json", choices=["json", "text"],
                        help="json: one structured object per line on stderr")
+    serve.add_argument("--tls-cert", default="", metavar="PEM",
+                       help="serve TLS with this certificate (chain) file; needs --tls-key. "
+                       "Health and reflection are served over the same TLS port")
+    serve.add_argument("--tls-key", default="", metavar="PEM",
+                       help="the private key of --tls-cert (unencrypted PEM)")
+    serve.add_argument("--client-ca", default="", metavar="PEM",
+                       help="require a client certificate signed by this CA bundle (mutual "
+                       "TLS); needs --tls-cert and --tls-key")
+    serve.add_argument("--insecure", action="store_true",
+                       help="serve an address other than loopback without TLS and "
+                       "authentication anyway (logged as a warning); refused otherwise")
+    auth_cli.add_serve_arguments(serve)
 
     reset = commands.add_parser(
         "reset-pipeline", help="start a new generation of a pipeline",
@@ -139,6 +159,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="bind the new generation to this Spark query id at once; needed to "
                        "run a query id of an earlier generation again (its checkpoint restarted "
                        "on purpose)")
+    add_client_arguments(reset)
+    auth_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
@@ -159,33 +181,55 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"percolake-coordinator serve: error: --advertise: {exc}", file=sys.stderr)
             return 2
+    if problem := limits.settings_error(args):
+        print(f"percolake-coordinator serve: error: {problem}", file=sys.stderr)
+        return 2
     logs.configure(args.log_level, args.log_format)
     config = CoordinatorConfig(
         warehouse_roots=args.warehouse, txn_timeout_s=args.txn_timeout,
         conflict_wait_s=args.conflict_wait, snapshot_wait_s=args.snapshot_wait,
         roll_forward_after_s=args.roll_forward_after, max_intent_bytes=args.max_intent_bytes,
-        retention_hours=args.retention_hours,
+        retention_hours=args.retention_hours, **limits.config_fields(args),
     )
-    options = ServerOptions(host=args.host, port=args.port, max_workers=args.max_workers,
+    options = ServerOptions(**limits.option_fields(args),
+                            host=args.host, port=args.port, max_workers=args.max_workers,
                             max_message_bytes=args.max_message_bytes,
                             shutdown_grace_s=args.shutdown_grace,
                             object_store_timeout_s=args.object_store_timeout,
                             store_url=args.store, advertise=args.advertise,
-                            lease_s=args.lease_s, node_id=args.node_id)
+                            lease_s=args.lease_s, node_id=args.node_id,
+                            tls_cert=args.tls_cert, tls_key=args.tls_key,
+                            client_ca=args.client_ca, insecure=args.insecure,
+                            **auth_cli.option_fields(args))
     return serve_forever(args.data_dir, config, options, args.port_file)
+
+
+def client_follower(args: argparse.Namespace) -> LeaderFollower:
+    """The leader-following client of a command with ``--target`` and the flags of
+    :func:`percolake.credentials.add_client_arguments` (the environment filling the rest).
+
+    Raises:
+        ValueError: ``--target`` is not HOST:PORT[,...], or a security setting is unusable.
+    """
+    import functools
+
+    from percolake.credentials import security_from_args
+    from percolake.leader import default_channel
+
+    security = security_from_args(args)
+    return LeaderFollower(args.target, functools.partial(default_channel, security=security))
 
 
 def _reset(args: argparse.Namespace) -> int:
     import grpc
 
-    from percolake.leader import LeaderFollower
     from percolake.v1 import coordinator_pb2 as pb
 
     request = pb.ResetPipelineRequest(pipeline_id=args.pipeline, reason=args.reason)
     if args.query_id is not None:
         request.query_id = args.query_id
     try:
-        follower = LeaderFollower(args.target)
+        follower = client_follower(args)
     except ValueError as exc:
         print(f"reset-pipeline failed: {exc}", file=sys.stderr)
         return 2
@@ -213,4 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("acl", "tokens"):
+        return auth_cli.run(args)
     return _reset(args)

@@ -12,14 +12,18 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from percolake.credentials import ClientSecurity, open_channel
+
 
 class DaemonProcess:
     """``python -m coordinator serve`` in a child process on a free (then fixed) port."""
 
     def __init__(self, data_dir: str | Path, warehouse_roots: list[str],
                  env: dict[str, str] | None = None, extra_args: list[str] | None = None,
-                 log_path: str | Path | None = None) -> None:
+                 log_path: str | Path | None = None,
+                 security: ClientSecurity | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.security = security  # how this process's own calls connect (health); None: plain
         self.warehouse_roots = list(warehouse_roots)
         self.env = dict(env or {})
         self.extra_args = list(extra_args or [])
@@ -84,13 +88,19 @@ class DaemonProcess:
     def health(self, timeout_s: float = 2.0) -> str | None:
         """The daemon's health status name (SERVING, NOT_SERVING), None if it does not
         answer within ``timeout_s`` (not listening, stopped, or shutting down)."""
-        with grpc.insecure_channel(self.target) as channel:
+        with self.channel() as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True)
             except grpc.RpcError:
                 return None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def channel(self) -> grpc.Channel:
+        """A new channel to the daemon with :attr:`security` (the environment is not read)."""
+        if self.security is None:
+            return grpc.insecure_channel(self.target)
+        return open_channel(self.target, self.security)
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log_path.exists():

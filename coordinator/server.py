@@ -17,7 +17,6 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coordinator import tls
+from coordinator.auth.credentials import SecurityFileError
+from coordinator.auth.setup import Security, build_security
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
 from coordinator.leadership import Fatal, FixedCore, Leadership
+from coordinator.limits import CountingExecutor, LimitsInterceptor, RateLimiter
 from coordinator.servicer import CoordinatorServicer
 from coordinator.status_codes import status_for
 from coordinator.store import open_store
 from coordinator.store.base import Store
+from coordinator.tls import TransportSettingsError
 from percolake.errors import InvalidArgument, StoreUnavailable
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
@@ -133,6 +137,22 @@ class ServerOptions:
     advertise: str = ""  # HOST:PORT clients reach this process at; "" = host:bound port
     lease_s: float = 2.0
     node_id: str = ""  # "" = host:pid:random
+    # limits (docs/limits.md): in-flight calls (running or queued) and requests per second of
+    # each principal (0: no rate limit), in bursts of rate_burst
+    max_concurrent_rpcs: int = 256
+    max_streams: int = 4  # health Watch and reflection streams open at once
+    rate_per_principal: float = 2000.0
+    rate_burst: int = 4000
+    # security (issue 17): transport (TLS, mTLS, --insecure) ...
+    tls_cert: str = ""
+    tls_key: str = ""
+    client_ca: str = ""  # set: a client certificate is required (mTLS)
+    insecure: bool = False  # allow a non-loopback address without TLS and authentication
+    # ... and authentication: every call needs a valid bearer token or client certificate
+    authenticate: bool = False
+    open_health: bool = False  # health and reflection answer without a credential
+    audit_log: str = ""  # a file: refusals and administrative actions, one JSON line each
+    admin_token_file: str = ""  # the bootstrap admin's token (created if missing)
 
 
 class RunningServer:
@@ -142,16 +162,28 @@ class RunningServer:
     one core serves for the life of the process.
     """
 
-    def __init__(self, options: ServerOptions, redact: Callable[[str], str] = str) -> None:
+    def __init__(self, options: ServerOptions, redact: Callable[[str], str] = str,
+                 security: Security | None = None) -> None:
         self.options = options
         self.redact = redact
+        self.security = security
         self.health = health.HealthServicer()
         self.leadership: Leadership | None = None
         self.fixed: FixedCore | None = None
+        self.executor = CountingExecutor(options.max_workers)
+        limits = LimitsInterceptor(self.executor, options.max_concurrent_rpcs,
+                                   options.max_message_bytes,
+                                   RateLimiter(options.rate_per_principal, options.rate_burst),
+                                   options.max_streams)
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=options.max_workers,
-                                       thread_name_prefix="rpc"),
-            interceptors=[MalformedRequestInterceptor()],
+            self.executor,
+            # LimitsInterceptor last: it counts the rate of the principal authentication set
+            # authentication first (docs/security.md): the others see the caller
+            interceptors=[*(security.interceptors() if security else []),
+                          MalformedRequestInterceptor(), limits],
+            # gRPC's own cap (its refusal names no flag) only backs up LimitsInterceptor's,
+            # which lets health checks through
+            maximum_concurrent_rpcs=2 * options.max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", options.max_message_bytes),
                 ("grpc.max_send_message_length", options.max_message_bytes),
@@ -162,7 +194,7 @@ class RunningServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.server)
-        self.port = self.server.add_insecure_port(f"{options.host}:{options.port}")
+        self.port = tls.add_port(self.server, options)  # TLS/mTLS when configured
         if self.port == 0:
             raise OSError(f"cannot listen on {options.host}:{options.port}")
         host = socket.gethostname() if options.host in ("0.0.0.0", "::", "") else options.host
@@ -179,10 +211,14 @@ class RunningServer:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for service in ("", SERVICE_NAME):
             self.health.set(service, status)
+        if serving and self.security is not None:
+            self.security.serving()  # e.g. a standby took over: reload its credentials now
 
     def start(self, cores: FixedCore | Leadership) -> None:
         """Serves with one fixed core (started here) or a leadership (its loop started here)."""
-        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(cores, self.redact),
+        servicer = (self.security.servicer(cores, self.redact) if self.security
+                    else CoordinatorServicer(cores, self.redact))
+        pb_grpc.add_CoordinatorServicer_to_server(servicer,
                                                   self.server)
         self.server.start()
         if isinstance(cores, Leadership):
@@ -206,6 +242,8 @@ class RunningServer:
         if self.leadership is not None:
             self.leadership.stop()
         self.server.stop(self.options.shutdown_grace_s).wait()
+        if self.security is not None:
+            self.security.close()
         if self.leadership is not None:
             self.leadership.close()
         if self.fixed is not None:
@@ -244,12 +282,15 @@ def start_server(data_dir: str | Path | None, config: CoordinatorConfig,
     standby that becomes the leader when it acquires the lease.
 
     Raises:
+        TransportSettingsError: a TLS file is unusable, or a non-loopback address lacks
+            TLS or authentication without ``insecure`` (checked before the store opens).
         StorageSettingsError: a warehouse root is on an object store whose settings (the AWS
             variables or profile) are missing or malformed; the message names the variable.
         Fatal: the store cannot be used (e.g. its schema is newer than this coordinator).
     """
     from percolake.lake import storage
 
+    tls.check(options)  # the TLS files and the non-loopback rule, before anything starts
     storage.configure(timeout_s=options.object_store_timeout_s)
     storage.check_settings(config.warehouse_roots)  # fail at start, naming the variable
     if is_sqlite(options.store_url):
@@ -274,7 +315,11 @@ def start_server(data_dir: str | Path | None, config: CoordinatorConfig,
     except Exception as exc:
         raise Fatal(redact(str(exc))) from exc
     build = _core_builder(config)
-    running = RunningServer(options, redact)
+    security = build_security(
+        authenticate=options.authenticate, open_health=options.open_health,
+        audit_log=options.audit_log, admin_token_file=options.admin_token_file, store=store,
+        open_store=lambda: open_store(options.store_url, data_dir), redact=redact)
+    running = RunningServer(options, redact, security)
     if store is not None and not store.supports_leases:
         running.start(FixedCore(build(store)))
     else:
@@ -329,6 +374,15 @@ def serve_forever(data_dir: str | Path | None, config: CoordinatorConfig,
     except StorageSettingsError as exc:
         log.error("cannot start: the object store's settings are incomplete",
                   extra={"error": str(exc)})
+        print(f"percolake-coordinator: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except TransportSettingsError as exc:
+        log.error("cannot start: the transport settings are refused",
+                  extra={"error": str(exc)})
+        print(f"percolake-coordinator: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except SecurityFileError as exc:  # --admin-token-file, --audit-log
+        log.error("cannot start: a security file cannot be used", extra={"error": str(exc)})
         print(f"percolake-coordinator: cannot start: {exc}", file=sys.stderr, flush=True)
         return 2
     except Fatal as exc:

@@ -18,13 +18,20 @@ from typing import Any, TypeVar
 import grpc
 
 from coordinator import validation
+from coordinator.auth.access import Guard
 from coordinator.leadership import CoreProvider, NotServing
 from coordinator.status_codes import status_for
 from coordinator.store.base import TxnQuery
 from percolake import codec
 from percolake.codec import optional
-from percolake.errors import InvalidArgument, NotLeader, ProtocolError, StoreUnavailable
-from percolake.leader import LEADER_METADATA_KEY
+from percolake.errors import (
+    InvalidArgument,
+    NotLeader,
+    Overloaded,
+    ProtocolError,
+    StoreUnavailable,
+)
+from percolake.leader import LEADER_METADATA_KEY, RETRY_METADATA
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -63,6 +70,8 @@ def rpc(method: F) -> F:
             return reply
         message = str(error) if isinstance(error, ProtocolError) else (
             f"{type(error).__name__}: {error}")
+        if isinstance(error, Overloaded):
+            context.set_trailing_metadata(RETRY_METADATA)
         context.abort(status_for(error), self.redact(message))
 
     return handler  # type: ignore[return-value]
@@ -72,8 +81,9 @@ def _run(servicer: CoordinatorServicer, method: Callable[..., Any], core: Any, r
          context: grpc.ServicerContext) -> tuple[Any, Exception | None]:
     """The reply, or the error to answer with; NotLeader and StoreUnavailable pass through."""
     reply, error = None, None
-    try:
-        reply = method(servicer, core, request, context)
+    try:  # the guard checks permissions first and audits refusals (docs/security.md)
+        reply = servicer.guard.run(method.__name__, core, request,
+                                   functools.partial(method, servicer, core, request, context))
     except (NotLeader, StoreUnavailable):
         raise
     except ProtocolError as exc:
@@ -112,9 +122,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     """Each method gets the serving core from ``rpc``; ``redact`` scrubs secrets (the store
     DSN's password) from what a client is told."""
 
-    def __init__(self, cores: CoreProvider, redact: Callable[[str], str] = str) -> None:
+    def __init__(self, cores: CoreProvider, redact: Callable[[str], str] = str,
+                 guard: Guard | None = None) -> None:
         self.cores = cores
         self.redact = redact
+        self.guard = guard or Guard(redact=redact)
 
     @rpc
     def RegisterPipeline(self, core, request, context):  # noqa: N802
@@ -124,9 +136,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def OpenTransaction(self, core, request, context):  # noqa: N802
-        validation.check_count("tables", len(request.tables))
-        validation.check_timeout_ms("timeout_ms", request.timeout_ms,
-                                    validation.MAX_TXN_TIMEOUT_MS)
+        core.check_txn_tables(len(request.tables))  # timeout_ms: the core checks its limit
         txn, committed = core.open_transaction(
             request.pipeline_id, request.batch_id, optional(request, "epoch"),
             optional(request, "query_id"), list(request.tables), request.timeout_ms)
@@ -138,7 +148,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def DeclareTables(self, core, request, context):  # noqa: N802
         if not request.tables:
             raise InvalidArgument("declare at least one table")
-        validation.check_count("tables", len(request.tables))
+        core.check_txn_tables(len(request.tables))
         txn = core.declare_tables(request.txn_id, optional(request, "epoch"),
                                        list(request.tables))
         return pb.DeclareTablesResponse(transaction=codec.txn_to_pb(txn),
@@ -146,15 +156,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def Prewrite(self, core, request, context):  # noqa: N802
-        validation.check_count("table writes", len(request.writes))
+        core.check_txn_tables(len(request.writes), "table writes")  # before decoding them
+        core.check_txn_files(sum(len(w.add_files) for w in request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
         txn = core.prewrite(request.txn_id, optional(request, "epoch"), writes)
         return pb.PrewriteResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
     def CommitTransaction(self, core, request, context):  # noqa: N802
-        validation.check_count("tables", len(request.tables))
-        validation.check_count("table writes", len(request.writes))
+        core.check_txn_tables(len(request.tables))
+        core.check_txn_tables(len(request.writes), "table writes")  # before decoding them
+        core.check_txn_files(sum(len(w.add_files) for w in request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
         txn = core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
                                writes, release_unwritten=request.release_unwritten)

@@ -111,7 +111,7 @@ def txn_to_pb(txn: TxnRecord, include_writes: bool = False) -> pb.Transaction:
         start_ts=txn.start_ts, commit_ts=txn.commit_ts,
         participants=[_participant_to_pb(e, include_writes) for e in txn.tables.values()],
         epoch=txn.epoch, abort_reason=txn.abort_reason, created_unix_ms=txn.created_ms,
-        updated_unix_ms=txn.updated_ms, query_id=txn.query_id,
+        updated_unix_ms=txn.updated_ms, query_id=txn.query_id, principal=txn.principal,
     )
 
 

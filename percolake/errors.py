@@ -59,6 +59,12 @@ class DeadlineExceeded(ProtocolError):
     pass
 
 
+class Overloaded(ResourceExhausted):
+    """A load-shedding refusal (too many calls, waiters or requests per second): nothing was
+    done; the same request may be sent again after a pause. Marked for clients with the
+    trailing metadata ``percolake-retry``."""
+
+
 class StoreConflict(Exception):
     """A compare-and-set update matched no row: the commit failed, re-read and retry."""
 

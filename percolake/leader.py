@@ -17,6 +17,8 @@ from typing import Any
 
 import grpc
 
+from percolake.credentials import ClientSecurity, open_channel
+
 log = logging.getLogger("percolake.leader")
 
 LEADER_METADATA_KEY = "percolake-leader"
@@ -62,12 +64,27 @@ RECONNECT_OPTIONS: list[tuple[str, int]] = [
 ]
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 MIN_ATTEMPT_TIMEOUT_S = 1.0
+# trailing metadata on a RESOURCE_EXHAUSTED that sheds load: nothing was done, retry later
+RETRY_METADATA_KEY = "percolake-retry"
+RETRY_METADATA = ((RETRY_METADATA_KEY, "after-backoff"),)
 
 
-def default_channel(address: str) -> grpc.Channel:
-    """An insecure channel to one coordinator that reconnects within a second."""
-    return grpc.insecure_channel(address, options=[*RECONNECT_OPTIONS,
-                                                   ("grpc.enable_retries", 0)])
+def overloaded(exc: grpc.RpcError) -> bool:
+    """Whether the coordinator shed this call (it did nothing; the same call may be retried)."""
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        key == RETRY_METADATA_KEY for key, _ in _trailing_metadata(exc))
+
+
+def is_transient(exc: grpc.RpcError) -> bool:
+    """A status the same call is retried after: no leader reached, or load shed."""
+    return exc.code() in TRANSIENT or overloaded(exc)
+
+
+def default_channel(address: str, security: ClientSecurity | None = None) -> grpc.Channel:
+    """A channel to one coordinator that reconnects within a second; TLS and the bearer token
+    as ``security`` says (None: from the ``PERCOLAKE_*`` environment variables)."""
+    return open_channel(address, security, options=[*RECONNECT_OPTIONS,
+                                                    ("grpc.enable_retries", 0)])
 
 
 def leader_hint(exc: grpc.RpcError) -> str | None:
@@ -197,13 +214,20 @@ class LeaderFollower:
                 reply = getattr(stub, method)(request, timeout=attempt_timeout,
                                               wait_for_ready=wait_for_ready)
             except grpc.RpcError as exc:
-                if exc.code() not in TRANSIENT:
+                if not is_transient(exc):
                     self._answered(address)
                     raise
                 errors[address] = exc
-                failed_this_round.add(address)
                 if time.monotonic() >= deadline:
                     raise LeaderNotReached(method, retry_s, errors, exc) from exc
+                if overloaded(exc):  # the leader answered: the same address, after a pause
+                    self._answered(address)
+                    pause = min(delay * random.uniform(0.5, 1.5), deadline - time.monotonic())
+                    if pause > 0:
+                        time.sleep(pause)
+                    delay = min(delay * 2, self._max_backoff_s)
+                    continue
+                failed_this_round.add(address)
                 hint = leader_hint(exc)
                 if hint and hint != address and hint not in failed_this_round:
                     log.info("coordinator %s is not the leader; following it to %s",

@@ -156,6 +156,7 @@ class TxnRecord:
     created_ms: int = 0
     updated_ms: int = 0
     row_version: int = 0  # bumped by every durable update; the store's compare-and-set key
+    principal: str = ""  # who opened it ("" without authentication): its owner for permissions
 
     def copy(self) -> TxnRecord:
         """An independent copy; the immutable write intents are shared, not re-encoded."""

@@ -597,7 +597,8 @@ def measure_store(kind: str, args: argparse.Namespace, work: Path, levels: list[
     with StoreUnderTest(kind, work) as store:
         daemon = DaemonProcess(data_dir, [str(warehouse)], extra_args=[
             "--roll-forward-after", "1000000", "--txn-timeout", "600", "--log-level",
-            "warning", *store.daemon_args, *args.daemon_arg])
+            "warning", "--rate-per-principal", "0",  # capacity, not the default rate limit
+            *store.daemon_args, *args.daemon_arg])
         try:
             daemon.start()
             out["daemon_rtt"] = grpc_rtt(daemon.target, samples)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, TypeVar
 
 import grpc
 
-from percolake.leader import LeaderFollower, LeaderNotReached
+from percolake.credentials import ClientSecurity
+from percolake.leader import LeaderFollower, LeaderNotReached, is_transient
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.channel import make_channel
 from sparkside.errors import (
@@ -21,7 +23,6 @@ from sparkside.errors import (
 
 log = logging.getLogger("percolake.client")
 T = TypeVar("T")
-TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 CALL_TIMEOUT_S = 60.0
 
 
@@ -32,7 +33,7 @@ def translate(exc: grpc.RpcError) -> PercolakeError:
         return BatchRefused(detail)
     if code == grpc.StatusCode.ABORTED:
         return WriteConflict(detail) if "held by" in detail else TransactionAborted(detail)
-    if code in TRANSIENT:
+    if is_transient(exc):  # not reached, or still shedding load when the retry time ran out
         return CoordinatorUnavailable(f"coordinator unavailable: {detail}")
     return InvalidRequest(f"{code.name}: {detail}")
 
@@ -42,14 +43,20 @@ class CoordinatorClient:
 
     ``target`` is one ``host:port`` or several separated by commas (``"h1:50051,h2:50051"``):
     calls go to the leader, following a standby's hint or trying the next address
-    (:class:`percolake.leader.LeaderFollower`).
+    (:class:`percolake.leader.LeaderFollower`). ``security``: TLS files and bearer token of
+    every channel (None: from the ``PERCOLAKE_*`` environment variables).
 
     Raises:
         ValueError: ``target`` is not HOST:PORT[,HOST:PORT...].
+        SecuritySettingsError: (a ValueError) a security setting of the environment is unusable.
     """
 
-    def __init__(self, target: str, retry_s: float = 60.0) -> None:
-        self._follower = LeaderFollower(target, make_channel)
+    def __init__(self, target: str, retry_s: float = 60.0,
+                 security: ClientSecurity | None = None) -> None:
+        security = ClientSecurity.resolve() if security is None else security
+        self.security = security
+        self._follower = LeaderFollower(target, functools.partial(make_channel,
+                                                                  security=security))
         self.target = self._follower.target
         self.retry_s = retry_s
 

@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from percolake import codec
+from percolake.credentials import ClientSecurity
 from percolake.errors import ProtocolError
 from percolake.failpoints import fail_point
 from percolake.lake.cleanup import remove_attempt_files
@@ -128,15 +129,28 @@ class Participant:
         on_checkpoint_reset: ``"refuse"`` (default): a new checkpoint (new Spark query id) fails
             the batch until an explicit reset; ``"new_generation"``: reset automatically, with
             a warning, unless a driver of the old generation is still active.
+        tls_ca, tls_cert, tls_key: PEM files: the CA bundle that signed the coordinator's
+            certificate (given: TLS), and a client certificate and key for mutual TLS.
+        token: bearer token sent on every call. Each of these four None: its environment
+            variable (``PERCOLAKE_TLS_CA``, ``_TLS_CERT``, ``_TLS_KEY``, ``PERCOLAKE_TOKEN``
+            or ``PERCOLAKE_TOKEN_FILE``); see :mod:`percolake.credentials`.
+
+    Raises:
+        ValueError: a bad argument; ``SecuritySettingsError`` names an unusable security file
+            or setting.
     """
 
     def __init__(self, target: str, pipeline_id: str, *, retry_s: float = 60.0,
                  heartbeat_s: float = 10.0, txn_timeout_s: float | None = None,
-                 on_checkpoint_reset: str = "refuse") -> None:
+                 on_checkpoint_reset: str = "refuse", tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 token: str | None = None) -> None:
         if on_checkpoint_reset not in CHECKPOINT_RESET_POLICIES:
             raise ValueError(f"on_checkpoint_reset must be one of {CHECKPOINT_RESET_POLICIES}")
         self.pipeline_id = pipeline_id
-        self.client = CoordinatorClient(target, retry_s)
+        security = ClientSecurity.resolve(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                          token=token)
+        self.client = CoordinatorClient(target, retry_s, security)
         if txn_timeout_s is not None and txn_timeout_s <= 0:
             raise ValueError(f"txn_timeout_s must be positive, got {txn_timeout_s}")
         self.txn_timeout_s = txn_timeout_s

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
+from percolake.credentials import ClientSecurity
 from percolake.lake.warehouse import is_object_store, spark_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
@@ -51,11 +52,17 @@ class ConsistentReader:
 
     ``target`` is ``host:port``, or several coordinators separated by commas
     (``"h1:50051,h2:50051"``): snapshots are asked of the leader, followed within ``retry_s``.
+    ``tls_ca``, ``tls_cert``, ``tls_key`` (PEM files) and ``token``: the connection's TLS and
+    bearer token as for :class:`sparkside.participant.Participant`; None: the environment.
     """
 
-    def __init__(self, spark: SparkSession, target: str, retry_s: float = 30.0) -> None:
+    def __init__(self, spark: SparkSession, target: str, retry_s: float = 30.0, *,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, token: str | None = None) -> None:
         self._spark = spark
-        self._client = CoordinatorClient(target, retry_s)
+        security = ClientSecurity.resolve(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                          token=token)
+        self._client = CoordinatorClient(target, retry_s, security)
 
     def snapshot(self, tables: Sequence[str], as_of: AsOf = None,
                  wait_s: float | None = None) -> Snapshot:

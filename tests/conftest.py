@@ -8,6 +8,8 @@
 - ``make_stub``: ``make_stub(target)`` makes a ``CoordinatorStub``; channels close after the test.
 - ``daemon_factory`` (session): ``daemon_factory.start(extra_args=[...])`` for module-scoped
   daemons with their own flags; stop them with ``.stop()`` (anything left is stopped at the end).
+  ``security=ClientSecurity(...)`` is how the daemon's health check and ``.stub`` connect
+  (TLS files, bearer token); without it they use plaintext.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if str(ROOT) not in sys.path:  # ``tests.*`` helpers import under plain ``pytest
     sys.path.insert(0, str(ROOT))
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
+from percolake.credentials import ClientSecurity  # noqa: E402
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 
@@ -44,7 +47,7 @@ class Daemon(DaemonProcess):
     def stub(self) -> pb_grpc.CoordinatorStub:
         """A stub on one channel to the daemon; it reconnects after a restart on the same port."""
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.target)
+            self._channel = self.channel()
             self._stub = pb_grpc.CoordinatorStub(self._channel)
         return self._stub
 
@@ -68,13 +71,14 @@ class DaemonFactory:
 
     def start(self, extra_args: list[str] | tuple[str, ...] = (), *,
               warehouse: Path | None = None, data_dir: Path | None = None,
-              env: dict[str, str] | None = None, name: str = "daemon") -> Daemon:
+              env: dict[str, str] | None = None, name: str = "daemon",
+              security: ClientSecurity | None = None) -> Daemon:
         base = self._tmp.mktemp(name) if warehouse is None or data_dir is None else None
         if warehouse is None:
             warehouse = base / "warehouse"
             warehouse.mkdir()
         daemon = Daemon(data_dir or base / "data", [str(warehouse)], env=env,
-                        extra_args=["--shutdown-grace", "5", *extra_args])
+                        extra_args=["--shutdown-grace", "5", *extra_args], security=security)
         self._started.append(daemon)
         return daemon.start()
 

@@ -24,6 +24,7 @@ import pytest
 
 from percolake.leader import (
     LEADER_METADATA_KEY,
+    RETRY_METADATA,
     LeaderFollower,
     LeaderNotReached,
     parse_targets,
@@ -32,7 +33,7 @@ from percolake.leader import (
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 from sparkside.client import CoordinatorClient
-from sparkside.errors import BatchRefused, CoordinatorUnavailable
+from sparkside.errors import BatchRefused, CoordinatorUnavailable, InvalidRequest
 from tests.crash.rpc import Client as HarnessClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.leading = True
         self.points_to: str | None = None
         self.refuse: grpc.StatusCode | None = None
+        self.shed = 0  # the next calls answered RESOURCE_EXHAUSTED with the retry marker
         self.calls: Counter[str] = Counter()
         self.resets: list[pb.ResetPipelineRequest] = []
         if start:
@@ -70,6 +72,10 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
                           standby_message(self.address, self.points_to, 7))
         if self.refuse is not None:
             context.abort(self.refuse, f"refused by {self.address}")
+        if self.shed > 0:
+            self.shed -= 1
+            context.set_trailing_metadata(RETRY_METADATA)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests; retry later")
 
     def GetPipeline(self, request: pb.GetPipelineRequest,
                     context: grpc.ServicerContext) -> pb.Pipeline:
@@ -143,6 +149,41 @@ def test_a_leader_named_by_a_standby_is_learnt(make):
         assert follower.current == leader.address
     finally:
         follower.close()
+
+
+def test_a_call_shed_by_the_leader_is_sent_again_to_it_after_a_pause(make):
+    leader, other = make(), make()
+    leader.shed = 2
+    client = CoordinatorClient(f"{leader.address},{other.address}", retry_s=10)
+    try:
+        assert get_pipeline(client).query_id == leader.address
+        assert (leader.calls["GetPipeline"], other.total()) == (3, 0)  # same address, no rotation
+    finally:
+        client.close()
+
+
+def test_a_leader_still_shedding_when_the_retry_time_ends_is_unavailable(make):
+    leader = make()
+    leader.shed = 10**6
+    client = CoordinatorClient(leader.address, retry_s=1)
+    try:
+        with pytest.raises(CoordinatorUnavailable, match="too many requests"):
+            get_pipeline(client)
+        assert leader.calls["GetPipeline"] >= 2
+    finally:
+        client.close()
+
+
+def test_a_resource_exhausted_without_the_retry_marker_is_final(make):
+    leader = make()
+    leader.refuse = grpc.StatusCode.RESOURCE_EXHAUSTED
+    client = CoordinatorClient(leader.address, retry_s=10)
+    try:
+        with pytest.raises(InvalidRequest, match="RESOURCE_EXHAUSTED"):
+            get_pipeline(client)
+        assert leader.calls["GetPipeline"] == 1
+    finally:
+        client.close()
 
 
 def test_a_dead_address_is_passed_quickly(make):

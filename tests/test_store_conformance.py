@@ -178,9 +178,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 4 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 2; this coordinator knows up to 1: "
+    with pytest.raises(StoreSchemaError, match="has schema 4; this coordinator knows up to 3: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -230,6 +230,79 @@ def test_prune_skips_the_keep_set_without_starving(store):
     assert store.prune(cutoff_ms=5000, floor_ts=0, limit=limit, keep=held) == (limit, 0)
     assert all(store.get_txn(t) is not None for t in held)
     assert all(store.get_txn(f"gone{i}") is None for i in range(limit))
+
+
+# ---------------------------------------------------------------- security records
+
+def test_a_transaction_keeps_the_principal_that_opened_it(store):
+    record = txn()
+    record.principal = "alice"
+    store.insert_txn(record)
+    assert store.get_txn("t1").principal == "alice"
+    assert store.unfinished_txns()[0].principal == "alice"
+
+
+def test_tokens_round_trip_and_revoke_once(store):
+    from coordinator.auth.records import TokenRecord
+
+    live = TokenRecord("00000000000000aa", "ab" * 32, "alice", 5, description="spark job")
+    other = TokenRecord("00000000000000bb", "cd" * 32, "bob", 6)
+    store.insert_token(other)
+    store.insert_token(live)
+    with pytest.raises(StoreConflict):
+        store.insert_token(live)
+    assert store.load_tokens() == [live, other]
+    revoked = store.revoke_token(live.token_id, 99)
+    assert revoked == TokenRecord(live.token_id, live.secret_hash, "alice", 5, 99, "spark job")
+    assert store.revoke_token(live.token_id, 123).revoked_ms == 99  # already revoked: kept
+    assert store.revoke_token("00000000000000cc", 99) is None
+    assert [t.live for t in store.load_tokens()] == [False, True]
+
+
+def test_acl_entries_are_added_once_and_removed(store):
+    from coordinator.auth.records import AclRecord, Permission, Resource
+
+    write = AclRecord("alice", Resource.PIPELINE, "p*", Permission.WRITE, 7)
+    read = AclRecord("*", Resource.TABLE, "file:///w", Permission.READ, 8)
+    assert store.insert_acl(write) and store.insert_acl(read)
+    assert not store.insert_acl(AclRecord("alice", Resource.PIPELINE, "p*", Permission.WRITE, 9))
+    assert store.load_acl() == [read, write]
+    assert store.delete_acl(write) and not store.delete_acl(write)
+    assert store.load_acl() == [read]
+
+
+def test_a_failed_batch_leaves_no_token_or_acl_entry(store):
+    from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
+
+    with pytest.raises(RuntimeError), store.batch():
+        store.insert_token(TokenRecord("00000000000000aa", "ab" * 32, "alice", 5))
+        store.insert_acl(AclRecord("alice", Resource.PIPELINE, "*", Permission.ADMIN, 5))
+        raise RuntimeError("crash inside the batch")
+    assert store.load_tokens() == [] and store.load_acl() == []
+
+
+def test_sqlite_schema_1_is_migrated_to_3_keeping_its_records(tmp_path):
+    import sqlite3
+
+    from coordinator.store.sqlite import _SCHEMA
+
+    conn = sqlite3.connect(tmp_path / "coordinator.db")
+    conn.executescript(_SCHEMA)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', 1)")
+    row = txn().to_row()
+    del row["principal"]
+    conn.execute(f"INSERT INTO transactions ({', '.join(row)}) "
+                 f"VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+    conn.commit()
+    conn.close()
+    store = SqliteStore(tmp_path)
+    try:
+        assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                                   ).fetchone()[0] == 3
+        assert store.get_txn("t1") == txn()  # principal "": opened without authentication
+        assert store.load_tokens() == [] and store.load_acl() == []
+    finally:
+        store.close()
 
 
 # ---------------------------------------------------------------- the leader lease

@@ -54,10 +54,16 @@ class Applying(CoreState):
                     f"commit (its log entry must name the transaction and carry app "
                     f"transaction {app_id} version {txn.batch_id}); nothing was recorded")
 
-    def _roll_forward(self, txn_id: str, table: str, deadline: float) -> None:
-        """Applies a committed transaction's write to one table (Percolator lock resolution)."""
+    def _roll_forward(self, txn_id: str, table: str, deadline: float,
+                      take_slot: bool = False) -> None:
+        """Applies a committed transaction's write to one table (Percolator lock resolution).
+
+        With ``take_slot`` (a request's thread) waiting for another roll-forward of the table
+        takes one of the --max-table-waiters slots.
+        """
         lock = self._table_apply_locks.setdefault(table, threading.Lock())
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        if not lock.acquire(blocking=False) and not self._wait_for(lock, table, deadline,
+                                                                   take_slot):
             raise DeadlineExceeded(
                 f"timed out waiting to roll forward transaction {txn_id} on {table}")
         try:
@@ -82,6 +88,18 @@ class Applying(CoreState):
                                               "delta_version": version})
         finally:
             lock.release()
+
+    def _wait_for(self, lock: threading.Lock, table: str, deadline: float,
+                  take_slot: bool) -> bool:
+        if not take_slot:
+            return lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._table_waits.take(table)
+        try:
+            return lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._table_waits.give_back()
 
     def _record_applied(self, txn: TxnRecord, versions: dict[str, int]) -> TxnRecord:
         if txn.state not in COMMITTED_STATES:

@@ -10,6 +10,7 @@ from coordinator.oracle import LOGICAL_BITS
 from coordinator.store.base import TxnQuery
 from percolake.errors import NotLeader, StoreUnavailable
 from percolake.failpoints import fail_point
+from percolake.lake.cleanup import check_own_location
 from percolake.lake.warehouse import UnsafeLocation
 from percolake.records import TableEntry, TxnRecord
 from percolake.states import LIVE_STATES, TxnState
@@ -156,10 +157,16 @@ class Maintenance(CoreState):
         done = True
         for entry in entries:
             try:
+                check_own_location(entry.write_location, entry.table, txn_id)
                 self._remove_files(entry.write_location)
             except UnsafeLocation:  # a retry cannot help: nothing was deleted, nothing will be
                 log.error("refused to delete an attempt folder outside the rules",
                           exc_info=True, extra={"txn_id": txn_id, "table": entry.table})
+            except OSError as exc:  # e.g. a late executor still writing into it: retried
+                log.warning("could not delete an attempt folder; will retry",
+                            extra={"txn_id": txn_id, "table": entry.table,
+                                   "error": f"{type(exc).__name__}: {exc}"})
+                done = False
             except Exception:  # logged and retried later: never raised into a committed path
                 log.exception("could not delete an attempt folder; will retry",
                               extra={"txn_id": txn_id, "table": entry.table})

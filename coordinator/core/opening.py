@@ -8,7 +8,9 @@ import uuid
 from collections.abc import Iterable
 
 from coordinator import validation
+from coordinator.core.quotas import exceeded
 from coordinator.core.state import CoreState, wall_ms
+from coordinator.principal import current_principal
 from percolake.errors import Conflict, InvalidArgument, NotLeader
 from percolake.failpoints import fail_point
 from percolake.lake.warehouse import write_location
@@ -39,9 +41,11 @@ class Opening(CoreState):
         validation.check_non_negative("batch_id", batch_id)
         validation.check_epoch(epoch)
         validation.check_query_id(query_id)
-        if timeout_ms < 0:
-            raise InvalidArgument(f"timeout_ms must be >= 0, got {timeout_ms}")
-        canonical = self._resolve_tables(tables)
+        self._check_timeout(timeout_ms)
+        names = list(tables)
+        self.check_txn_tables(len(names))
+        canonical = self._resolve_tables(names, self.config.max_tables_per_txn)
+        principal = current_principal()
         start_ts = self.oracle.next()
         with self._lock:
             current = self._pipelines.get(pipeline_id)
@@ -58,12 +62,14 @@ class Opening(CoreState):
                                               f"superseded by attempt {len(attempts) + 1}")
                           for a in attempts if a.txn_id in self._unfinished
                           and self._unfinished[a.txn_id].state in LIVE_STATES]
+            self._check_live_limits(pipeline_id, principal, superseded)
             now = wall_ms()
             txn = TxnRecord(
                 txn_id=uuid.uuid4().hex, pipeline_id=pipeline_id,
                 generation=pipeline.generation, batch_id=batch_id, attempt=len(attempts) + 1,
                 epoch=pipeline.epoch if epoch is not None else 0, query_id=query_id or "",
                 state=TxnState.OPEN, start_ts=start_ts, created_ms=now, updated_ms=now,
+                principal=principal,
             )
             # Free tables are declared in the attempt's first durable write; held ones go
             # through _declare below (roll-forward, expiry or a bounded wait).
@@ -95,16 +101,61 @@ class Opening(CoreState):
         """
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
-        self._declare(txn_id, epoch, self._resolve_tables(tables))
+        names = list(tables)
+        self.check_txn_tables(len(names))
+        self._declare(txn_id, epoch, self._resolve_tables(names, self.config.max_tables_per_txn))
         return self.get_transaction(txn_id)
+
+    def _check_timeout(self, timeout_ms: int) -> None:
+        """A client's timeout: 0 (the default) up to --max-txn-timeout; a longer one would let a
+        dead driver's transaction hold its tables that long."""
+        if timeout_ms < 0:
+            raise InvalidArgument(f"timeout_ms must be >= 0, got {timeout_ms}")
+        most_s = self.config.max_txn_timeout_s
+        if timeout_ms > most_s * 1000:
+            raise exceeded(f"timeout_ms {timeout_ms} ({timeout_ms / 1000:g} s)",
+                           "--max-txn-timeout", f"{most_s:g} s",
+                           "ask for less and heartbeat at least every third of it")
+
+    def _check_live_limits(self, pipeline_id: str, principal: str,
+                           superseded: list[TxnRecord]) -> None:
+        """Refuses an Open that would leave too many live transactions on the pipeline or of
+        the caller (the attempts this Open aborts do not count)."""
+        limit = self.config.max_live_txns_per_pipeline
+        live = self._live.per_pipeline[pipeline_id] - len(superseded)
+        if live >= limit:
+            raise exceeded(f"pipeline {pipeline_id!r} has {live} live transactions",
+                           "--max-live-txns-per-pipeline", limit,
+                           "commit or abort some first (they also expire without heartbeats)")
+        limit = self.config.max_live_txns_per_principal
+        live = self._live.per_principal[principal] - sum(
+            1 for old in superseded if old.principal == principal)
+        if live >= limit:
+            who = f"principal {principal!r}" if principal else "the anonymous principal"
+            raise exceeded(f"{who} has {live} live transactions",
+                           "--max-live-txns-per-principal", limit,
+                           "commit or abort some first (they also expire without heartbeats)")
 
     def _declare(self, txn_id: str, epoch: int | None, canonical: list[str]) -> None:
         """Takes the holds of already canonical tables: every free one in one durable write,
         then each held one as ``_acquire_table`` resolves it."""
         deadline = time.monotonic() + self.config.conflict_wait_s
+        self._check_table_total(txn_id, epoch, canonical)
         self._acquire_free_tables(txn_id, epoch, canonical)
         for table in canonical:
             self._acquire_table(txn_id, epoch, table, deadline)
+
+    def _check_table_total(self, txn_id: str, epoch: int | None, canonical: list[str]) -> None:
+        """Refuses declaring tables beyond --max-tables-per-txn for the whole transaction."""
+        with self._lock:
+            txn = self._get(txn_id)
+            self._check_txn_caller(txn, epoch)  # fencing first: a zombie learns nothing else
+            total = len(txn.tables) + sum(1 for t in canonical if t not in txn.tables)
+            limit = self.config.max_tables_per_txn
+            if total > limit:
+                raise exceeded(f"transaction {txn_id} would hold {total} tables",
+                               "--max-tables-per-txn", limit,
+                               "a transaction writes at most that many tables")
 
     def _free_tables(self, tables: Iterable[str], leaving: Iterable[str] = ()) -> list[str]:
         """The tables no live transaction holds, counting holders in ``leaving`` as gone."""
@@ -132,7 +183,20 @@ class Opening(CoreState):
             self._track(updated)
 
     def _acquire_table(self, txn_id: str, epoch: int | None, table: str, deadline: float) -> None:
-        """Takes the table's hold for txn_id, resolving a committed or expired holder first."""
+        """Takes the table's hold for txn_id, resolving a committed or expired holder first.
+
+        A request that has to wait takes one of the --max-table-waiters slots until it is done.
+        """
+        waiting = [False]
+        try:
+            self._acquire_table_waiting(txn_id, epoch, table, deadline, waiting)
+        finally:
+            if waiting[0]:
+                with self._lock:
+                    self._table_waits.give_back()
+
+    def _acquire_table_waiting(self, txn_id: str, epoch: int | None, table: str,
+                               deadline: float, waiting: list[bool]) -> None:
         while True:
             roll_forward: str | None = None
             expired: list[TxnRecord] = []
@@ -168,7 +232,10 @@ class Opening(CoreState):
                             f"{holder.state.value}); gave up after "
                             f"{self.config.conflict_wait_s:.0f} s"
                         )
+                    if not waiting[0]:
+                        self._table_waits.take(table)
+                        waiting[0] = True
                     self._changed.wait(min(remaining, 0.5))
             self._clean_up(expired)
             if roll_forward is not None:
-                self._roll_forward(roll_forward, table, deadline)
+                self._roll_forward(roll_forward, table, deadline, take_slot=not waiting[0])

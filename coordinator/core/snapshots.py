@@ -58,7 +58,7 @@ class Snapshots(CoreState):
         deadline = time.monotonic() + (self.config.snapshot_wait_s if wait_s is None else wait_s)
         for table in canonical:
             for pending in self.store.unapplied_table_commits(table, snapshot_ts):
-                self._roll_forward(pending.txn_id, table, deadline)
+                self._roll_forward(pending.txn_id, table, deadline, take_slot=True)
         # A prune may have run since the check above: the floor read with the rows decides.
         view = self.store.table_commits_at(canonical, snapshot_ts)
         if what is not None:

@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from coordinator import validation
+from coordinator.core.quotas import LiveCounts, WaitSlots, exceeded
 from coordinator.oracle import TimestampOracle
 from coordinator.store.base import Store, TxnQuery
-from percolake.errors import NotFound, ResourceExhausted
+from percolake.errors import NotFound
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.warehouse import Warehouse
 from percolake.records import TableWriteRecord, TxnRecord
@@ -48,6 +49,14 @@ class CoordinatorConfig:
     # prune_history for what is always kept.
     retention_hours: float = 168.0
     retention_interval_s: float = 600.0
+    # Limits (docs/limits.md); each refusal is RESOURCE_EXHAUSTED naming its serve flag.
+    max_tables_per_txn: int = 1000
+    max_files_per_txn: int = 100_000
+    max_txn_intent_bytes: int = 32 * 1024 * 1024
+    max_txn_timeout_s: float = 3600.0
+    max_live_txns_per_pipeline: int = 64
+    max_live_txns_per_principal: int = 1024  # authentication off: every caller is one principal
+    max_table_waiters: int = 8
 
 
 @dataclass
@@ -95,6 +104,8 @@ class CoreState:
         self._unfinished: dict[str, TxnRecord] = {}
         self._deadlines: dict[str, float] = {}
         self._timeouts: dict[str, float] = {}
+        self._live = LiveCounts()  # keyed like _deadlines: the live transactions
+        self._table_waits = WaitSlots(config.max_table_waiters)
         self._holders: dict[str, str] = {}
         self._pending_cleanup: set[str] = set()
         self._resolved: dict[str, tuple[str, float]] = {}
@@ -127,6 +138,14 @@ class CoreState:
         with self._lock:
             return self._fresh(self._get(txn_id))
 
+    def transaction_owner(self, txn_id: str) -> tuple[str, str, tuple[str, ...]]:
+        """(pipeline, the principal that opened it, its tables) of a transaction: what
+        permission checks need, none of which ever changes but the tables (no copy made)."""
+        validation.check_id("txn_id", txn_id)
+        with self._lock:
+            txn = self._get(txn_id)
+            return txn.pipeline_id, txn.principal, tuple(txn.tables)
+
     def list_transactions(self, query: TxnQuery) -> list[TxnRecord]:
         if query.pipeline_id:
             validation.check_id("pipeline_id", query.pipeline_id)
@@ -155,6 +174,16 @@ class CoreState:
 
     def _track(self, txn: TxnRecord, timeout_ms: int = 0) -> None:
         """Makes the in-memory view match the durable record just written."""
+        was_live = txn.txn_id in self._deadlines
+        try:
+            self._track_view(txn, timeout_ms)
+        finally:
+            if not was_live and txn.txn_id in self._deadlines:
+                self._live.started(txn.txn_id, txn.pipeline_id, txn.principal)
+            elif was_live and txn.txn_id not in self._deadlines:
+                self._live.ended(txn.txn_id)
+
+    def _track_view(self, txn: TxnRecord, timeout_ms: int) -> None:
         for table, entry in txn.tables.items():
             if entry.applied or txn.state == TxnState.ABORTED:  # the hold ends here
                 if self._holders.get(table) == txn.txn_id:
@@ -199,13 +228,26 @@ class CoreState:
         self._resolved[uri] = (canonical, now + RESOLVE_CACHE_S)
         return canonical
 
-    def _resolve_tables(self, tables: Iterable[str]) -> list[str]:
-        canonical: list[str] = []
-        for table in tables:
-            resolved = self._canonical(table)
-            if resolved not in canonical:
-                canonical.append(resolved)
-        if len(canonical) > validation.MAX_TABLES:
-            raise ResourceExhausted(
-                f"{len(canonical)} tables in one request; at most {validation.MAX_TABLES}")
-        return canonical
+    def _resolve_tables(self, tables: Iterable[str],
+                        most: int = validation.MAX_TABLES) -> list[str]:
+        """The canonical names, each once, in request order. The count is checked before any
+        name is resolved, and duplicates are dropped in O(n)."""
+        names = list(tables)
+        validation.check_count("tables", len(names), most)
+        return list(dict.fromkeys(self._canonical(table) for table in names))
+
+    def check_txn_files(self, count: int) -> None:
+        """Refuses a request listing more data files than a transaction may, before any
+        per-file work."""
+        limit = self.config.max_files_per_txn
+        if count > limit:
+            raise exceeded(f"{count} files in one request", "--max-files-per-txn", limit,
+                           "write fewer, larger files per batch")
+
+    def check_txn_tables(self, count: int, what: str = "tables") -> None:
+        """Refuses a request naming more tables than a transaction may hold, before any
+        per-table work."""
+        limit = self.config.max_tables_per_txn
+        if count > limit:
+            raise exceeded(f"{count} {what} in one request", "--max-tables-per-txn", limit,
+                           "a transaction writes at most that many tables")

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from coordinator import validation
+from coordinator.core.quotas import exceeded
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition, InvalidArgument, TransactionAborted
@@ -34,10 +35,12 @@ class Writing(CoreState):
             if txn.state in COMMITTED_STATES:
                 raise FailedPrecondition(f"transaction {txn_id} is already committed")
             self._refuse_different_prewrite(txn, checked)  # before declaring anything
+            self._check_txn_totals(txn, checked)
         self._declare(txn_id, epoch, [w.table for w in checked])
         self._check_applicable(checked)
         with self._lock:
             txn = self._live_txn_for_update(txn_id, epoch)
+            self._check_txn_totals(txn, checked)  # again: a concurrent prewrite may have added
             updated = self._with_writes(txn, checked)
             check_transition(txn.state, TxnState.PREWRITTEN)
             updated.state = TxnState.PREWRITTEN
@@ -67,7 +70,10 @@ class Writing(CoreState):
         """
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
-        named = self._resolve_tables(tables)
+        names = list(tables)
+        self.check_txn_tables(len(names))
+        self.check_txn_tables(len(writes or ()), "table writes")
+        named = self._resolve_tables(names, self.config.max_tables_per_txn)
         checked: list[TableWriteRecord] = []
         if writes:
             checked = self._check_writes(txn_id, writes)
@@ -87,6 +93,7 @@ class Writing(CoreState):
                     raise FailedPrecondition(f"transaction {txn_id} is already committed")
                 return self._fresh(txn)  # idempotent: a retried commit answers the same
             if checked:  # the intents join the commit's own durable write
+                self._check_txn_totals(txn, checked)
                 txn = self._with_writes(txn, checked)
                 check_transition(txn.state, TxnState.PREWRITTEN)
                 txn.state = TxnState.PREWRITTEN
@@ -209,6 +216,8 @@ class Writing(CoreState):
                 self._write_check(write)
 
     def _check_writes(self, txn_id: str, writes: list[TableWriteRecord]) -> list[TableWriteRecord]:
+        self.check_txn_tables(len(writes), "table writes")  # limits first: no per-table work
+        self.check_txn_files(sum(len(write.add_files) for write in writes))
         checked: list[TableWriteRecord] = []
         seen: set[str] = set()
         for write in writes:
@@ -223,6 +232,22 @@ class Writing(CoreState):
                 replace_partitions=write.replace_partitions,
             ))
         return checked
+
+    def _check_txn_totals(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:
+        """Refuses intents that would take the transaction's record over --max-files-per-txn
+        or --max-txn-intent-bytes (counting the tables it already wrote, except these)."""
+        new = {w.table for w in writes}
+        kept = [e.write for t, e in txn.tables.items() if e.write is not None and t not in new]
+        files = sum(len(w.add_files) for w in kept) + sum(len(w.add_files) for w in writes)
+        if files > self.config.max_files_per_txn:
+            raise exceeded(f"transaction {txn.txn_id} would list {files} files",
+                           "--max-files-per-txn", self.config.max_files_per_txn,
+                           "write fewer, larger files per batch")
+        size = sum(len(w.json_text) for w in kept) + sum(len(w.json_text) for w in writes)
+        if size > self.config.max_txn_intent_bytes:
+            raise exceeded(f"transaction {txn.txn_id} would record {size} bytes of write "
+                           "intents", "--max-txn-intent-bytes", self.config.max_txn_intent_bytes,
+                           "write fewer, larger files per batch or split it (never truncated)")
 
     def _refuse_different_prewrite(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:
         for write in writes:

@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coordinator.auth.records import AclRecord, TokenRecord
 from percolake.records import PipelineRecord, TxnRecord
 from percolake.states import TxnState
 
@@ -214,3 +215,29 @@ class Store(abc.ABC):
         Returns:
             How many transactions and how many snapshot-index rows were deleted.
         """
+
+    # security: bearer tokens (only their hashes) and ACL entries
+    @abc.abstractmethod
+    def load_tokens(self) -> list[TokenRecord]:
+        """Every token, revoked ones included, ordered by token_id."""
+
+    @abc.abstractmethod
+    def insert_token(self, record: TokenRecord) -> None:
+        """Raises StoreConflict if the token_id exists."""
+
+    @abc.abstractmethod
+    def revoke_token(self, token_id: str, revoked_ms: int) -> TokenRecord | None:
+        """Marks a live token revoked at ``revoked_ms``; returns the token as it is now (an
+        already revoked one unchanged), None if there is no such token."""
+
+    @abc.abstractmethod
+    def load_acl(self) -> list[AclRecord]:
+        """Every ACL entry, ordered by (principal, resource, pattern, permission)."""
+
+    @abc.abstractmethod
+    def insert_acl(self, entry: AclRecord) -> bool:
+        """Adds the entry; False (and nothing changed) if the same entry exists."""
+
+    @abc.abstractmethod
+    def delete_acl(self, entry: AclRecord) -> bool:
+        """Removes the entry with ``entry``'s key; False if there was none."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from coordinator.auth.records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
@@ -37,6 +39,8 @@ class MemoryStore(Store):
         self._txns: dict[str, dict] = {}
         self._table_commits: dict[tuple[str, int], TableCommit] = {}
         self._floor_ts = 0
+        self._tokens: dict[str, TokenRecord] = {}
+        self._acl: dict[tuple[str, str, str, str], AclRecord] = {}
         self._depth = 0
 
     @contextlib.contextmanager
@@ -50,13 +54,14 @@ class MemoryStore(Store):
                     self._depth -= 1
                 return
             saved = copy.deepcopy((self._high_water, self._pipelines, self._txns,
-                                   self._table_commits, self._floor_ts))
+                                   self._table_commits, self._floor_ts, self._tokens,
+                                   self._acl))
             self._depth = 1
             try:
                 yield
             except BaseException:
                 (self._high_water, self._pipelines, self._txns, self._table_commits,
-                 self._floor_ts) = saved
+                 self._floor_ts, self._tokens, self._acl) = saved
                 raise
             finally:
                 self._depth = 0
@@ -238,3 +243,36 @@ class MemoryStore(Store):
                 del self._table_commits[key]
             self._floor_ts = max(self._floor_ts, floor_ts)
             return len(doomed), len(old)
+
+    def load_tokens(self) -> list[TokenRecord]:
+        with self._lock:
+            return [self._tokens[k] for k in sorted(self._tokens)]
+
+    def insert_token(self, record: TokenRecord) -> None:
+        with self._lock:
+            if record.token_id in self._tokens:
+                raise StoreConflict(f"token {record.token_id} exists")
+            self._tokens[record.token_id] = record
+
+    def revoke_token(self, token_id: str, revoked_ms: int) -> TokenRecord | None:
+        with self._lock:
+            token = self._tokens.get(token_id)
+            if token is not None and token.live:
+                token = self._tokens[token_id] = dataclasses.replace(token,
+                                                                     revoked_ms=revoked_ms)
+            return token
+
+    def load_acl(self) -> list[AclRecord]:
+        with self._lock:
+            return [self._acl[k] for k in sorted(self._acl)]
+
+    def insert_acl(self, entry: AclRecord) -> bool:
+        with self._lock:
+            if entry.key in self._acl:
+                return False
+            self._acl[entry.key] = entry
+            return True
+
+    def delete_acl(self, entry: AclRecord) -> bool:
+        with self._lock:
+            return self._acl.pop(entry.key, None) is not None

@@ -38,6 +38,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from coordinator.auth.records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
@@ -55,6 +56,7 @@ T = TypeVar("T")
 _TXN_COLUMNS = (
     "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
     "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
+    "principal",
 )
 _PIPELINE_COLUMNS = (
     "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
@@ -524,3 +526,45 @@ class PostgresStore(Store):
             "ORDER BY start_ts LIMIT %s",
             ((cutoff_ms << 18) + 1, cutoff_ms, cutoff_ms, limit + len(keep)))
         return [txn_id for (txn_id,) in rows if txn_id not in keep][:limit]
+
+    # ------------------------------------------------------------------ security records
+
+    def load_tokens(self) -> list[TokenRecord]:
+        rows = self._read("SELECT token_id, secret_hash, principal, created_ms, revoked_ms, "
+                          "description FROM tokens ORDER BY token_id", dicts=True)
+        return [TokenRecord(**r) for r in rows]
+
+    def insert_token(self, record: TokenRecord) -> None:
+        count = self._write(
+            "INSERT INTO tokens (token_id, secret_hash, principal, description, created_ms, "
+            "revoked_ms) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (record.token_id, record.secret_hash, record.principal, record.description,
+             record.created_ms, record.revoked_ms))
+        if count != 1:
+            raise StoreConflict(f"token {record.token_id} exists")
+
+    def revoke_token(self, token_id: str, revoked_ms: int) -> TokenRecord | None:
+        with self.batch():
+            self._write("UPDATE tokens SET revoked_ms = %s WHERE token_id = %s "
+                        "AND revoked_ms = 0", (revoked_ms, token_id))
+            rows = self._read("SELECT token_id, secret_hash, principal, created_ms, revoked_ms, "
+                              "description FROM tokens WHERE token_id = %s", (token_id,),
+                              dicts=True)
+        return TokenRecord(**rows[0]) if rows else None
+
+    def load_acl(self) -> list[AclRecord]:
+        rows = self._read("SELECT principal, resource, pattern, permission, created_ms "
+                          "FROM acl_entries ORDER BY principal, resource, pattern, permission",
+                          dicts=True)
+        return [AclRecord.from_row(r) for r in rows]
+
+    def insert_acl(self, entry: AclRecord) -> bool:
+        return self._write(
+            "INSERT INTO acl_entries (principal, resource, pattern, permission, created_ms) "
+            "VALUES (%(principal)s, %(resource)s, %(pattern)s, %(permission)s, "
+            "%(created_ms)s) ON CONFLICT DO NOTHING", entry.to_row()) == 1
+
+    def delete_acl(self, entry: AclRecord) -> bool:
+        return self._write(
+            "DELETE FROM acl_entries WHERE principal = %s AND resource = %s AND pattern = %s "
+            "AND permission = %s", entry.key) == 1

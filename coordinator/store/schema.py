@@ -2,8 +2,9 @@
 transaction, a newer one refused (this coordinator would misread it).
 
 PostgreSQL's schema is an ordered list of migrations: version 1 holds the records (the same
-tables as SQLite's), version 2 adds the leader lease. Two processes creating or migrating the
-same database at once take turns on an advisory lock.
+tables as SQLite's), version 2 adds the leader lease, version 3 the security records (tokens,
+ACL entries, the principal of each transaction); SQLite's goes from 1 to 3. Two processes
+creating or migrating the same database at once take turns on an advisory lock.
 """
 
 from __future__ import annotations
@@ -85,6 +86,46 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
             address TEXT NOT NULL,
             expires_at TIMESTAMPTZ NOT NULL)""",
         "INSERT INTO leader_lease VALUES (1, '', 0, '', to_timestamp(0))",
+    )),
+    Migration(3, (
+        # Security (docs/security.md): who opened each transaction, tokens, ACL entries.
+        "ALTER TABLE transactions ADD COLUMN principal TEXT NOT NULL DEFAULT ''",
+        """CREATE TABLE tokens (
+            token_id TEXT COLLATE "C" PRIMARY KEY,
+            secret_hash TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            description TEXT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            revoked_ms BIGINT NOT NULL)""",
+        """CREATE TABLE acl_entries (
+            principal TEXT COLLATE "C" NOT NULL,
+            resource TEXT COLLATE "C" NOT NULL,
+            pattern TEXT COLLATE "C" NOT NULL,
+            permission TEXT COLLATE "C" NOT NULL,
+            created_ms BIGINT NOT NULL,
+            PRIMARY KEY (principal, resource, pattern, permission))""",
+    )),
+)
+
+# SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
+# SQLite counterpart, so a SQLite store goes from 1 straight to 3, the security records.
+SQLITE_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(3, (
+        "ALTER TABLE transactions ADD COLUMN principal TEXT NOT NULL DEFAULT ''",
+        """CREATE TABLE tokens (
+            token_id TEXT PRIMARY KEY,
+            secret_hash TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            description TEXT NOT NULL,
+            created_ms INTEGER NOT NULL,
+            revoked_ms INTEGER NOT NULL)""",
+        """CREATE TABLE acl_entries (
+            principal TEXT NOT NULL,
+            resource TEXT NOT NULL,
+            pattern TEXT NOT NULL,
+            permission TEXT NOT NULL,
+            created_ms INTEGER NOT NULL,
+            PRIMARY KEY (principal, resource, pattern, permission))""",
     )),
 )
 

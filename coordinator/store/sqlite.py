@@ -22,12 +22,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from coordinator.auth.records import AclRecord, TokenRecord
 from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
-from coordinator.store.schema import refuse_newer
+from coordinator.store.schema import SQLITE_MIGRATIONS, refuse_newer
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, TxnRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = SQLITE_MIGRATIONS[-1].version
 log = logging.getLogger("percolake.store")
 
 
@@ -87,6 +88,7 @@ CREATE INDEX IF NOT EXISTS table_commits_unapplied
 _TXN_COLUMNS = (
     "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
     "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
+    "principal",
 )
 _PIPELINE_COLUMNS = (
     "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
@@ -122,16 +124,15 @@ class SqliteStore(Store):
                 self._conn.execute(statement)
             row = self._conn.execute(
                 "SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self._conn.execute("INSERT INTO meta VALUES ('schema_version', ?)",
-                                   (SCHEMA_VERSION,))
-            else:
-                refuse_newer(str(self.path), row[0], SCHEMA_VERSION)
-            if row is not None and row[0] != SCHEMA_VERSION:  # older: no migration exists
-                raise RuntimeError(
-                    f"{self.path} has store schema {row[0]}; "
-                    f"this coordinator reads {SCHEMA_VERSION}"
-                )
+            found = 1 if row is None else row[0]  # none yet: the tables above are version 1
+            refuse_newer(str(self.path), found, SCHEMA_VERSION)
+            for migration in SQLITE_MIGRATIONS:  # an older schema: in this one transaction
+                if migration.version > found:
+                    for statement in migration.statements:
+                        self._conn.execute(statement)
+            self._conn.execute("INSERT INTO meta VALUES ('schema_version', ?) "
+                               "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                               (max(found, SCHEMA_VERSION),))
         self._group_commit = group_commit
 
     @contextlib.contextmanager
@@ -450,3 +451,40 @@ class SqliteStore(Store):
                 return
             table = row[0]
             yield table
+
+    def load_tokens(self) -> list[TokenRecord]:
+        rows = self._read("SELECT token_id, secret_hash, principal, created_ms, revoked_ms, "
+                          "description FROM tokens ORDER BY token_id")
+        return [TokenRecord(**dict(r)) for r in rows]
+
+    def insert_token(self, record: TokenRecord) -> None:
+        try:
+            self._write("INSERT INTO tokens (token_id, secret_hash, principal, description, "
+                        "created_ms, revoked_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                        (record.token_id, record.secret_hash, record.principal,
+                         record.description, record.created_ms, record.revoked_ms))
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"token {record.token_id} exists") from exc
+
+    def revoke_token(self, token_id: str, revoked_ms: int) -> TokenRecord | None:
+        with self._lock, self.batch():
+            self._write("UPDATE tokens SET revoked_ms = ? WHERE token_id = ? AND revoked_ms = 0",
+                        (revoked_ms, token_id))
+            found = [t for t in self.load_tokens() if t.token_id == token_id]
+            return found[0] if found else None
+
+    def load_acl(self) -> list[AclRecord]:
+        rows = self._read("SELECT principal, resource, pattern, permission, created_ms "
+                          "FROM acl_entries ORDER BY principal, resource, pattern, permission")
+        return [AclRecord.from_row(dict(r)) for r in rows]
+
+    def insert_acl(self, entry: AclRecord) -> bool:
+        return self._write(
+            "INSERT INTO acl_entries (principal, resource, pattern, permission, created_ms) "
+            "VALUES (:principal, :resource, :pattern, :permission, :created_ms) "
+            "ON CONFLICT DO NOTHING", entry.to_row()) == 1
+
+    def delete_acl(self, entry: AclRecord) -> bool:
+        return self._write(
+            "DELETE FROM acl_entries WHERE principal = ? AND resource = ? AND pattern = ? "
+            "AND permission = ?", entry.key) == 1

@@ -33,11 +33,25 @@ from percolake.lake.warehouse import (
     local_path,
     real_root_of,
 )
+from percolake.lake.warehouse import write_location as attempt_folder
 
 log = logging.getLogger("percolake.cleanup")
 OBJECT_STORE_ROUNDS = 2  # list-and-delete rounds tried before a transient error is raised
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def check_own_location(location: str, table: str, txn_id: str) -> None:
+    """Checks that ``location`` is the attempt folder of ``txn_id`` in ``table`` and no other
+    (a record naming another transaction's folder is refused, never deleted).
+
+    Raises:
+        UnsafeLocation: it is not.
+    """
+    own = attempt_folder(table, txn_id)
+    if location != own:
+        raise UnsafeLocation(f"refusing to delete {location}: the attempt folder of transaction "
+                             f"{txn_id} in {table} is {own}")
 
 
 def remove_attempt_files(write_location: str, *, roots: Sequence[str] | None = None) -> None:

@@ -22,6 +22,20 @@ class WriteMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     APPEND: _ClassVar[WriteMode]
     OVERWRITE: _ClassVar[WriteMode]
     OVERWRITE_PARTITIONS: _ClassVar[WriteMode]
+
+class Permission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PERMISSION_UNSPECIFIED: _ClassVar[Permission]
+    WRITE: _ClassVar[Permission]
+    DESCRIBE: _ClassVar[Permission]
+    ADMIN: _ClassVar[Permission]
+    READ: _ClassVar[Permission]
+
+class ResourceType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESOURCE_TYPE_UNSPECIFIED: _ClassVar[ResourceType]
+    PIPELINE: _ClassVar[ResourceType]
+    TABLE: _ClassVar[ResourceType]
 TRANSACTION_STATE_UNSPECIFIED: TransactionState
 OPEN: TransactionState
 PREWRITTEN: TransactionState
@@ -32,6 +46,14 @@ WRITE_MODE_UNSPECIFIED: WriteMode
 APPEND: WriteMode
 OVERWRITE: WriteMode
 OVERWRITE_PARTITIONS: WriteMode
+PERMISSION_UNSPECIFIED: Permission
+WRITE: Permission
+DESCRIBE: Permission
+ADMIN: Permission
+READ: Permission
+RESOURCE_TYPE_UNSPECIFIED: ResourceType
+PIPELINE: ResourceType
+TABLE: ResourceType
 
 class AddFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns", "modification_time", "stats")
@@ -110,7 +132,7 @@ class TableParticipant(_message.Message):
     def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ...) -> None: ...
 
 class Transaction(_message.Message):
-    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id")
+    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +147,7 @@ class Transaction(_message.Message):
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     txn_id: str
     pipeline_id: str
     generation: int
@@ -139,7 +162,8 @@ class Transaction(_message.Message):
     created_unix_ms: int
     updated_unix_ms: int
     query_id: str
-    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ...) -> None: ...
+    principal: str
+    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ..., principal: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("pipeline_id", "generation", "epoch", "query_id", "created_unix_ms", "last_commit_unix_ms", "resets")
@@ -444,3 +468,101 @@ class ResetPipelineResponse(_message.Message):
     changed: bool
     aborted_txn_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., changed: _Optional[bool] = ..., aborted_txn_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AclEntry(_message.Message):
+    __slots__ = ("principal", "resource_type", "pattern", "permission", "created_unix_ms")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    resource_type: ResourceType
+    pattern: str
+    permission: Permission
+    created_unix_ms: int
+    def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[_Union[ResourceType, str]] = ..., pattern: _Optional[str] = ..., permission: _Optional[_Union[Permission, str]] = ..., created_unix_ms: _Optional[int] = ...) -> None: ...
+
+class AclRequest(_message.Message):
+    __slots__ = ("entry",)
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    entry: AclEntry
+    def __init__(self, entry: _Optional[_Union[AclEntry, _Mapping]] = ...) -> None: ...
+
+class AclChangeResponse(_message.Message):
+    __slots__ = ("entry", "changed")
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    entry: AclEntry
+    changed: bool
+    def __init__(self, entry: _Optional[_Union[AclEntry, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class ListAclsRequest(_message.Message):
+    __slots__ = ("principal",)
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    def __init__(self, principal: _Optional[str] = ...) -> None: ...
+
+class ListAclsResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AclEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AclEntry, _Mapping]]] = ...) -> None: ...
+
+class Token(_message.Message):
+    __slots__ = ("token_id", "principal", "created_unix_ms", "revoked_unix_ms", "description")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    principal: str
+    created_unix_ms: int
+    revoked_unix_ms: int
+    description: str
+    def __init__(self, token_id: _Optional[str] = ..., principal: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., revoked_unix_ms: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("principal", "description")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    description: str
+    def __init__(self, principal: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("token", "bearer_token")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BEARER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: Token
+    bearer_token: str
+    def __init__(self, token: _Optional[_Union[Token, _Mapping]] = ..., bearer_token: _Optional[str] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("token_id",)
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    def __init__(self, token_id: _Optional[str] = ...) -> None: ...
+
+class RevokeTokenResponse(_message.Message):
+    __slots__ = ("token", "changed")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    token: Token
+    changed: bool
+    def __init__(self, token: _Optional[_Union[Token, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class ListTokensRequest(_message.Message):
+    __slots__ = ("principal", "include_revoked")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    include_revoked: bool
+    def __init__(self, principal: _Optional[str] = ..., include_revoked: _Optional[bool] = ...) -> None: ...
+
+class ListTokensResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ...) -> None: ...

@@ -99,6 +99,36 @@ class CoordinatorStub:
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.SerializeToString,
                 response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineResponse.FromString,
                 _registered_method=True)
+        self.AddAcl = channel.unary_unary(
+                '/percolake.v1.Coordinator/AddAcl',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.AclChangeResponse.FromString,
+                _registered_method=True)
+        self.RemoveAcl = channel.unary_unary(
+                '/percolake.v1.Coordinator/RemoveAcl',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.AclChangeResponse.FromString,
+                _registered_method=True)
+        self.ListAcls = channel.unary_unary(
+                '/percolake.v1.Coordinator/ListAcls',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ListAclsRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListAclsResponse.FromString,
+                _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/percolake.v1.Coordinator/CreateToken',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/percolake.v1.Coordinator/RevokeToken',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.RevokeTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/percolake.v1.Coordinator/ListTokens',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -195,6 +225,45 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddAcl(self, request, context):
+        """Administration (docs/security.md): each needs ADMIN on every pipeline ('*') when the
+        coordinator authenticates callers. Changes are durable and take effect at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateToken(self, request, context):
+        """A new bearer token for a principal: the reply carries it once; only its hash is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -262,6 +331,36 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ResetPipeline,
                     request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.FromString,
                     response_serializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineResponse.SerializeToString,
+            ),
+            'AddAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddAcl,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.AclChangeResponse.SerializeToString,
+            ),
+            'RemoveAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAcl,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.AclChangeResponse.SerializeToString,
+            ),
+            'ListAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcls,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListAclsRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ListAclsResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.CreateTokenRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListTokensRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ListTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -615,6 +714,168 @@ class Coordinator:
             '/percolake.v1.Coordinator/ResetPipeline',
             percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.SerializeToString,
             percolake_dot_v1_dot_coordinator__pb2.ResetPipelineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/AddAcl',
+            percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.AclChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/RemoveAcl',
+            percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.AclChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ListAcls',
+            percolake_dot_v1_dot_coordinator__pb2.ListAclsRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ListAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/CreateToken',
+            percolake_dot_v1_dot_coordinator__pb2.CreateTokenRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/RevokeToken',
+            percolake_dot_v1_dot_coordinator__pb2.RevokeTokenRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ListTokens',
+            percolake_dot_v1_dot_coordinator__pb2.ListTokensRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ListTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,32 +1,42 @@
 #!/usr/bin/env python
-"""Bounded fuzz run of the coordinator's RPCs against a daemon it starts (issue 13 item 14).
+"""Bounded fuzz run of the coordinator's RPCs against a real daemon it starts (issue 17 item 7).
 
-Sends ``--requests`` requests (default 10,000) within ``--seconds`` across every RPC of
-percolake.v1.Coordinator and the health and reflection services, from ``--threads`` threads,
-to a daemon on 127.0.0.1 in a fresh folder. Each request is one of:
+Sends ``--requests`` requests (default 10,000) within ``--seconds`` across every RPC of every
+service in ``percolake/v1`` (read from the service descriptors, so an RPC added to the proto is
+fuzzed too) and the health and reflection services, from ``--threads`` threads, to a daemon on
+127.0.0.1 in a fresh folder. Each request is one of:
 
 - valid: built from what earlier replies returned (pipelines, epochs, query ids, transactions,
-  tables, with real attempt files on disk), so the protocol's deeper paths run;
+  tables, with real attempt files on disk), so the protocol's deeper paths run; an RPC without a
+  hand-written builder gets a random message of its request type instead;
 - mutated: a valid request with one to three fields replaced by boundary values (int64 limits,
   negative numbers, huge or deeply nested JSON, JSON of the wrong shape, invisible or
   direction-changing characters, NUL, percent-encoded names, long or duplicated lists, unknown
   enum values);
-- raw: a valid request serialised and its bytes mutated (flipped, truncated, spliced).
+- raw: a valid request serialised and its bytes mutated (flipped, truncated, spliced);
+- random: a message of the RPC's request type with random fields set (from its descriptor);
+- garbage: bytes that are not protobuf at all (random bytes, invalid wire types and field
+  numbers, unterminated varints and groups, groups nested thousands deep, lengths past the end,
+  text, a message over the size limit).
 
-Prints a table of status codes per RPC, then checks the store: every listed transaction answers
-GetTransaction with its writes, every pipeline GetPipeline, no batch has two committed attempts,
-every acknowledged commit and abort stands, every committed write applies (GetSnapshot rolls it
-forward), and all of it again after a graceful restart.
+The first requests cover every (RPC, kind) pair once; the rest are drawn at random. Each request
+has a deadline of 5 s: one that takes that long is a hang.
+
+Prints a table of status codes per RPC (with the slowest answer), then checks the store: every
+listed transaction answers GetTransaction with its writes, every pipeline GetPipeline, no batch
+has two committed attempts, every acknowledged commit and abort stands, every committed write
+applies (GetSnapshot rolls it forward), and all of it again after a graceful restart.
 
 Exits 1 if a reply was INTERNAL or UNKNOWN, a request hung, the daemon died, or a check failed.
 
-    python scripts/fuzz_rpc.py --requests 3000 --seconds 300 --seed 7 [--workdir DIR]
+    python scripts/fuzz.py --requests 100000 --seed 7 [--threads 2] [--workdir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import importlib
 import json
 import os
 import random
@@ -45,9 +55,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf import message_factory
+from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,11 +70,10 @@ from percolake.v1 import coordinator_pb2 as pb  # noqa: E402
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
-HEALTH = "/grpc.health.v1.Health/Check"
-REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 FAILING = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-DEADLINE_S = 30.0
-DAEMON_ARGS = ["--txn-timeout", "5", "--conflict-wait", "0.2", "--snapshot-wait", "10",
+HANG_S = 5.0  # each request's deadline: one that takes this long hung
+# GetSnapshot rolls forward for at most --snapshot-wait: well below HANG_S
+DAEMON_ARGS = ["--txn-timeout", "5", "--conflict-wait", "0.2", "--snapshot-wait", "2",
                "--roll-forward-after", "2", "--max-intent-bytes", "262144",
                "--max-message-bytes", str(4 * 1024 * 1024), "--log-level", "warning",
                "--shutdown-grace", "5"]
@@ -272,8 +283,11 @@ def attempt_files(table: str, txn_id: str, rng: random.Random, count: int,
         size = rng.randrange(1, 2000)
         relative = f"_percolake/{txn_id}/part-{i:05d}-{rng.randrange(10**6)}.parquet"
         if root is not None:
-            (root / relative).parent.mkdir(parents=True, exist_ok=True)
-            (root / relative).write_bytes(os.urandom(size))
+            try:
+                (root / relative).parent.mkdir(parents=True, exist_ok=True)
+                (root / relative).write_bytes(os.urandom(size))
+            except OSError:  # the daemon deleted the folder meanwhile (an abort): the write
+                pass  # then names a missing file, as a late executor's would
         values = {"day": f"2026-01-0{rng.randrange(1, 4)}"} if partitioned else {}
         files.append(pb.AddFile(path=relative, size=size, partition_values=values,
                                 modification_time=int(time.time() * 1000),
@@ -424,9 +438,69 @@ BUILDERS: dict[str, Callable[[random.Random, Pools], Message]] = {
     "ReportApplied": valid_report, "Heartbeat": valid_heartbeat,
     "GetTransaction": valid_get, "ListTransactions": valid_list, "GetSnapshot": valid_snapshot,
     "GetPipeline": valid_get_pipeline, "ResetPipeline": valid_reset,
+    "Health/Check": lambda rng, _: health_pb2.HealthCheckRequest(
+        service=rng.choice(["", SERVICE.full_name])),
+    "Reflection": lambda rng, _: reflection_pb2.ServerReflectionRequest(list_services=""),
 }
+# how often each RPC is drawn, relative to 1 (an RPC without an entry, one added later: 1)
 WEIGHTS = {"OpenTransaction": 3, "Prewrite": 3, "CommitTransaction": 3, "DeclareTables": 2,
-           "AbortTransaction": 2, "Heartbeat": 2, "RegisterPipeline": 1, "ResetPipeline": 1}
+           "AbortTransaction": 2, "Heartbeat": 2, "RegisterPipeline": 1, "ResetPipeline": 1,
+           "Health/Check": 0.2, "Health/List": 0.2, "Reflection": 0.2}
+
+
+# ---------------------------------------------------------------------------- the RPCs
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """One RPC the fuzzer calls: its name in the table, its path and its message types."""
+
+    name: str
+    path: str
+    request_type: type[Message]
+    reply_type: type[Message]
+    client_streaming: bool
+    server_streaming: bool
+    learns: bool  # an RPC of percolake's own services: its replies feed the pools
+
+
+def _rpc(name: str, method: MethodDescriptor, learns: bool) -> Rpc:
+    return Rpc(name, f"/{method.containing_service.full_name}/{method.name}",
+               message_factory.GetMessageClass(method.input_type),
+               message_factory.GetMessageClass(method.output_type),
+               method.client_streaming, method.server_streaming, learns)
+
+
+def proto_services() -> list[ServiceDescriptor]:
+    """Every service of every generated module in percolake/v1, so a new RPC is fuzzed too."""
+    services: list[ServiceDescriptor] = []
+    for module in sorted((ROOT / "percolake" / "v1").glob("*_pb2.py")):
+        loaded = importlib.import_module(f"percolake.v1.{module.stem}")
+        services.extend(loaded.DESCRIPTOR.services_by_name.values())
+    return services
+
+
+def all_rpcs() -> dict[str, Rpc]:
+    """percolake's RPCs (by method name; other services' as ``Service/Method``), health's
+    unary RPCs and reflection."""
+    rpcs: dict[str, Rpc] = {}
+    for service in proto_services():
+        for method in service.methods:
+            own = service.full_name == SERVICE.full_name
+            name = method.name if own else f"{service.name}/{method.name}"
+            rpcs[name] = _rpc(name, method, learns=True)
+    for method in health_pb2.DESCRIPTOR.services_by_name["Health"].methods:
+        if not method.server_streaming:  # Watch streams until cancelled, by design
+            rpcs[f"Health/{method.name}"] = _rpc(f"Health/{method.name}", method, False)
+    info = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"].methods[0]
+    rpcs["Reflection"] = _rpc("Reflection", info, False)
+    return rpcs
+
+
+RPCS = all_rpcs()
+RPC_NAMES = sorted(RPCS)
+MODES = ("valid", "mutated", "raw", "random", "garbage")
+MODE_WEIGHTS = (30, 35, 15, 10, 10)
 
 
 # ---------------------------------------------------------------------------- mutations
@@ -458,9 +532,46 @@ def scalar_value(rng: random.Random, descriptor: FieldDescriptor, pools: Pools) 
         return rng.random() < 0.5
     if kind == FieldDescriptor.TYPE_ENUM:
         return rng.choice(ENUMS)
-    if kind == FieldDescriptor.TYPE_INT32:
+    if kind in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32,
+                FieldDescriptor.TYPE_SFIXED32):
         return rng.choice(INTS32)
+    if kind in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_FIXED32):
+        return rng.choice([0, 1, 2**31, 2**32 - 1])
+    if kind in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64):
+        return rng.choice([0, 1, 2**63, 2**64 - 1])
+    if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return rng.choice([0.0, -1.0, 1e308, -1e-308, float("nan"), float("inf")])
+    if kind == FieldDescriptor.TYPE_BYTES:
+        return rng.choice([b"", b"\x00", os.urandom(rng.randrange(1, 64)), b"x" * 5000])
     return rng.choice(INTS64 + [rng.randrange(-(2**63), 2**63)])
+
+
+def random_message(rng: random.Random, message: Message, pools: Pools, depth: int = 0) -> str:
+    """Sets random fields of ``message`` (and of its sub-messages, three levels deep), from its
+    descriptor alone; returns a short description."""
+    changes = []
+    for descriptor in message.DESCRIPTOR.fields:
+        if rng.random() < 0.4:
+            continue
+        name = descriptor.name
+        try:
+            if _is_map(descriptor) or (descriptor.is_repeated
+                                       and descriptor.type != FieldDescriptor.TYPE_MESSAGE):
+                for _ in range(rng.randrange(1, 4)):
+                    changes.append(mutate_field(rng, message, descriptor, pools))
+            elif descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+                if depth < 3:
+                    items = getattr(message, name)
+                    for _ in range(rng.randrange(1, 3) if descriptor.is_repeated else 1):
+                        child = items.add() if descriptor.is_repeated else items
+                        child.SetInParent()
+                        random_message(rng, child, pools, depth + 1)
+                    changes.append(f"{name}={{...}}")
+            else:
+                changes.append(mutate_field(rng, message, descriptor, pools))
+        except (ValueError, TypeError):  # a value the field's type cannot hold (closed enum)
+            continue
+    return ", ".join(changes)[:200] or "empty"
 
 
 def mutate_field(rng: random.Random, message: Message, descriptor: FieldDescriptor,
@@ -511,8 +622,14 @@ def mutate_repeated(rng: random.Random, message: Message, descriptor: FieldDescr
 def mutate(rng: random.Random, message: Message, pools: Pools) -> str:
     changes = []
     for _ in range(rng.choice([1, 1, 2, 3])):
-        target, descriptor = rng.choice(list(leaf_fields(message)))
-        changes.append(mutate_field(rng, target, descriptor, pools))
+        fields = list(leaf_fields(message))
+        if not fields:
+            return "no fields"
+        target, descriptor = rng.choice(fields)
+        try:
+            changes.append(mutate_field(rng, target, descriptor, pools))
+        except (ValueError, TypeError):  # a value the field's type cannot hold (closed enum)
+            continue
     return ", ".join(changes)
 
 
@@ -534,6 +651,41 @@ def mutate_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
     if choice == 4:
         return os.urandom(rng.randrange(0, 64)), "random bytes"
     return bytes(raw) + b"\xf8\x07\x01", "unknown field"  # field 127, varint 1
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+GARBAGE: list[tuple[str, Callable[[random.Random], bytes]]] = [
+    ("random bytes", lambda rng: rng.randbytes(rng.randrange(1, 4096))),
+    ("invalid wire type", lambda rng: bytes([(rng.randrange(1, 16) << 3) | rng.choice([6, 7])])
+     + rng.randbytes(rng.randrange(8))),
+    ("field number 0", lambda rng: b"\x00" + rng.randbytes(rng.randrange(4))),
+    ("field number 2^29", lambda rng: _varint((2**29 << 3) | 0) + b"\x01"),
+    ("unterminated varint", lambda rng: b"\x08" + b"\xff" * rng.randrange(1, 12)),
+    ("length past the end", lambda rng: b"\x0a" + _varint(rng.choice([5, 2**31, 2**63]))
+     + b"abc"),
+    ("unterminated groups", lambda rng: b"\x0b" * rng.randrange(50, 5000)),
+    ("groups nested deep", lambda rng: b"\x7b" * (n := rng.randrange(100, 5000)) + b"\x7c" * n),
+    ("end group alone", lambda rng: b"\x0c"),
+    ("text", lambda rng: rng.choice([b'{"pipeline_id": "p"}', b"GET / HTTP/1.1\r\n\r\n",
+                                     "ünï\u202e".encode(), b"\x00" * 100, b"\xff" * 100])),
+    ("over the size limit", lambda rng: b"\x7a" + _varint(5 * 1024 * 1024)
+     + bytes(5 * 1024 * 1024)),
+]
+GARBAGE_WEIGHTS = [30, 10, 5, 5, 10, 10, 10, 10, 3, 6, 1]
+
+
+def garbage_bytes(rng: random.Random) -> tuple[bytes, str]:
+    """Bytes that are not a protobuf message (or not one the daemon may take)."""
+    name, make = rng.choices(GARBAGE, GARBAGE_WEIGHTS)[0]
+    return make(rng), name
 
 
 def _short(value: Any) -> str:
@@ -559,7 +711,7 @@ def _identity(data: bytes) -> bytes:
 
 
 class Caller:
-    """Sends raw request bytes to any method and parses replies it understands."""
+    """Sends raw request bytes to any method and returns the reply's bytes (a unary reply)."""
 
     def __init__(self, target: str) -> None:
         self.channel = grpc.insecure_channel(target, options=[
@@ -567,20 +719,27 @@ class Caller:
             ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
         self._calls: dict[str, Any] = {}
 
-    def send(self, path: str, data: bytes) -> tuple[grpc.StatusCode, str, bytes | None]:
-        if path == REFLECTION:
-            call = self.channel.stream_stream(path, _identity, _identity)
-            try:
-                for _ in call(iter([data]), timeout=DEADLINE_S):
-                    pass
-                return grpc.StatusCode.OK, "", None
-            except grpc.RpcError as exc:
-                return exc.code(), exc.details() or "", None
-        call = self._calls.get(path)
+    def _call(self, rpc: Rpc) -> Any:
+        call = self._calls.get(rpc.path)
         if call is None:
-            call = self._calls[path] = self.channel.unary_unary(path, _identity, _identity)
+            kind = {(False, False): self.channel.unary_unary,
+                    (False, True): self.channel.unary_stream,
+                    (True, False): self.channel.stream_unary,
+                    (True, True): self.channel.stream_stream}[
+                        (rpc.client_streaming, rpc.server_streaming)]
+            call = self._calls[rpc.path] = kind(rpc.path, _identity, _identity)
+        return call
+
+    def send(self, rpc: Rpc, data: bytes, metadata: tuple[tuple[str, str], ...] = ()
+             ) -> tuple[grpc.StatusCode, str, bytes | None]:
+        call = self._call(rpc)
+        request = iter([data]) if rpc.client_streaming else data
         try:
-            return grpc.StatusCode.OK, "", call(data, timeout=DEADLINE_S)
+            if not rpc.server_streaming:
+                return grpc.StatusCode.OK, "", call(request, timeout=HANG_S, metadata=metadata)
+            for _ in call(request, timeout=HANG_S, metadata=metadata):
+                pass
+            return grpc.StatusCode.OK, "", None
         except grpc.RpcError as exc:
             return exc.code(), exc.details() or "", None
 
@@ -588,15 +747,14 @@ class Caller:
         self.channel.close()
 
 
-def observe(rpc: str, reply: bytes, pools: Pools) -> None:
+def observe(rpc: Rpc, reply: bytes, pools: Pools) -> None:
     """Learns from a successful reply: pipelines, epochs, transactions and their states."""
-    reply_type = getattr(pb, SERVICE.methods_by_name[rpc].output_type.name)
-    message = reply_type.FromString(reply)
+    message = rpc.reply_type.FromString(reply)
     for txn in _transactions(message):
         pools.observe_txn(txn)
     for pipeline in _pipelines(message):
         pools.observe_pipeline(pipeline)
-    if rpc == "ListTransactions" and message.next_page_token:
+    if isinstance(message, pb.ListTransactionsResponse) and message.next_page_token:
         with pools.lock:
             pools.page_tokens.append(message.next_page_token)
 
@@ -606,7 +764,8 @@ def _transactions(message: Message) -> list[pb.Transaction]:
         return [message]
     if isinstance(message, pb.ListTransactionsResponse):
         return list(message.transactions)
-    if "transaction" in message.DESCRIPTOR.fields_by_name:
+    field_ = message.DESCRIPTOR.fields_by_name.get("transaction")
+    if field_ is not None and field_.message_type is pb.Transaction.DESCRIPTOR:
         return [message.transaction]
     return []
 
@@ -614,37 +773,60 @@ def _transactions(message: Message) -> list[pb.Transaction]:
 def _pipelines(message: Message) -> list[pb.Pipeline]:
     if isinstance(message, pb.Pipeline):
         return [message]
-    if "pipeline" in message.DESCRIPTOR.fields_by_name and message.HasField("pipeline"):
+    field_ = message.DESCRIPTOR.fields_by_name.get("pipeline")
+    if (field_ is not None and field_.message_type is pb.Pipeline.DESCRIPTOR
+            and message.HasField("pipeline")):
         return [message.pipeline]
     return []
 
 
-def one_request(rng: random.Random, pools: Pools, caller: Caller) -> Outcome:
-    roll = rng.random()
-    if roll < 0.01:
-        data, change = mutate_bytes(rng, health_pb2.HealthCheckRequest().SerializeToString())
-        return _send(caller, HEALTH, "Health/Check", "raw", data, change, pools)
-    if roll < 0.02:
-        data, change = mutate_bytes(rng, b"\x3a\x00")  # list_services
-        return _send(caller, REFLECTION, "Reflection", "raw", data, change, pools)
-    rpc = rng.choices(list(BUILDERS), [WEIGHTS.get(r, 1) for r in BUILDERS])[0]
-    request = BUILDERS[rpc](rng, pools)
-    mode = rng.choices(["valid", "mutated", "raw"], [35, 45, 20])[0]
-    change = ""
+def pick(rng: random.Random, ticket: int) -> tuple[str, str]:
+    """The RPC and kind of request number ``ticket``: every pair once first, then at random."""
+    if ticket < len(RPC_NAMES) * len(MODES):
+        return RPC_NAMES[ticket % len(RPC_NAMES)], MODES[ticket // len(RPC_NAMES)]
+    rpc = rng.choices(RPC_NAMES, [WEIGHTS.get(r, 1) for r in RPC_NAMES])[0]
+    return rpc, rng.choices(MODES, MODE_WEIGHTS)[0]
+
+
+def build(rng: random.Random, pools: Pools, rpc: Rpc, mode: str) -> tuple[bytes, str]:
+    """The bytes of one request of kind ``mode`` and a short description of what was done."""
+    if mode == "garbage":
+        return garbage_bytes(rng)
+    if mode == "random":
+        message = rpc.request_type()
+        return message.SerializeToString(), random_message(rng, message, pools)
+    builder = BUILDERS.get(rpc.name)
+    if builder is not None:
+        message, change = builder(rng, pools), ""
+    else:
+        message = rpc.request_type()
+        change = random_message(rng, message, pools)
     if mode == "mutated":
-        change = mutate(rng, request, pools)
-    data = request.SerializeToString()
+        change = mutate(rng, message, pools)
+    data = message.SerializeToString()
     if mode == "raw":
         data, change = mutate_bytes(rng, data)
-    return _send(caller, f"/{SERVICE.full_name}/{rpc}", rpc, mode, data, change, pools)
+    return data, change
 
 
-def _send(caller: Caller, path: str, rpc: str, mode: str, data: bytes, change: str,
-          pools: Pools) -> Outcome:
+# odd credentials sent with a few requests (the daemon may ignore them, never fail on them)
+AUTHORIZATION = ["", "Bearer", "Bearer ", "Bearer  x", "bearer x", "Basic dXNlcjpwYXNz",
+                 "Bearer " + "x" * 8000, "Bearer a.b.c", "Bearer %00", "Token x"]
+
+
+def one_request(rng: random.Random, pools: Pools, caller: Caller, ticket: int) -> Outcome:
+    name, mode = pick(rng, ticket)
+    rpc = RPCS[name]
+    data, change = build(rng, pools, rpc, mode)
+    metadata: tuple[tuple[str, str], ...] = ()
+    if rng.random() < 0.03:
+        value = rng.choice(AUTHORIZATION)
+        metadata = (("authorization", value),)
+        change = f"{change}; authorization={_short(value)}"
     started = time.monotonic()
-    code, details, reply = caller.send(path, data)
-    outcome = Outcome(rpc, mode, code, details, time.monotonic() - started, change)
-    if reply is not None and rpc in BUILDERS:
+    code, details, reply = caller.send(rpc, data, metadata)
+    outcome = Outcome(name, mode, code, details, time.monotonic() - started, change)
+    if reply is not None and rpc.learns:
         observe(rpc, reply, pools)
     return outcome
 
@@ -657,6 +839,8 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     modes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    pairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rpc, mode)
+    slowest: dict[str, float] = field(default_factory=dict)  # rpc -> seconds
     failures: list[Outcome] = field(default_factory=list)
     hangs: list[Outcome] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the fuzzer's own crashes
@@ -666,18 +850,20 @@ class Tally:
         with self.lock:
             self.counts[(outcome.rpc, outcome.code.name)] += 1
             self.modes[(outcome.mode, outcome.code.name)] += 1
+            self.pairs[(outcome.rpc, outcome.mode)] += 1
+            self.slowest[outcome.rpc] = max(self.slowest.get(outcome.rpc, 0.0), outcome.seconds)
             if outcome.code in FAILING:
                 self.failures.append(outcome)
-            elif (outcome.code == grpc.StatusCode.DEADLINE_EXCEEDED
-                  and outcome.seconds >= DEADLINE_S * 0.9):
+            elif outcome.seconds >= HANG_S - 0.05:  # its deadline ran out
                 self.hangs.append(outcome)
 
-    def claim(self, budget: int) -> bool:
+    def claim(self, budget: int) -> int | None:
+        """The number of the next request to send, None once ``budget`` were sent."""
         with self.lock:
             if self.sent >= budget:
-                return False
+                return None
             self.sent += 1
-            return True
+            return self.sent - 1
 
 
 def worker(seed: int, pools: Pools, target: str, tally: Tally, budget: int,
@@ -685,8 +871,11 @@ def worker(seed: int, pools: Pools, target: str, tally: Tally, budget: int,
     rng = random.Random(seed)
     caller = Caller(target)
     try:
-        while time.monotonic() < deadline and daemon.is_running() and tally.claim(budget):
-            tally.add(one_request(rng, pools, caller))
+        while time.monotonic() < deadline and daemon.is_running():
+            ticket = tally.claim(budget)
+            if ticket is None:
+                break
+            tally.add(one_request(rng, pools, caller, ticket))
     except Exception:  # noqa: BLE001 - reported, and the run fails
         with tally.lock:
             tally.errors.append(traceback.format_exc())
@@ -711,17 +900,22 @@ def run(args: argparse.Namespace, daemon: DaemonProcess, pools: Pools) -> Tally:
     return tally
 
 
-def status_table(counts: Counter[tuple[str, str]]) -> str:
+def status_table(counts: Counter[tuple[str, str]], first: str = "rpc",
+                 slowest: dict[str, float] | None = None) -> str:
+    """Counts per row and status code; with ``slowest``, the slowest answer of each row."""
     rows = sorted({r for r, _ in counts})
     order = [c.name for c in grpc.StatusCode]
     codes = [c for c in order if any(counts[(r, c)] for r in rows)]
-    header = ["rpc", *codes, "total"]
+    extra = ["max s"] if slowest is not None else []
+    header = [first, *codes, "total", *extra]
     lines = [header]
     for row in rows:
         cells = [counts[(row, c)] for c in codes]
-        lines.append([row, *[str(n) if n else "." for n in cells], str(sum(cells))])
+        late = [f"{slowest.get(row, 0.0):.2f}"] if slowest is not None else []
+        lines.append([row, *[str(n) if n else "." for n in cells], str(sum(cells)), *late])
     totals = [sum(counts[(r, c)] for r in rows) for c in codes]
-    lines.append(["total", *map(str, totals), str(sum(totals))])
+    late = [f"{max(slowest.values(), default=0.0):.2f}"] if slowest is not None else []
+    lines.append(["total", *map(str, totals), str(sum(totals)), *late])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
@@ -831,7 +1025,8 @@ def integrity(daemon: DaemonProcess, pools: Pools) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000, help="requests to send")
-    parser.add_argument("--seconds", type=float, default=900.0, help="time bound of the run")
+    parser.add_argument("--seconds", type=float, default=3600.0,
+                        help="time bound of the run (requests not sent by then are skipped)")
     parser.add_argument("--threads", type=int, default=2, help="concurrent senders")
     parser.add_argument("--seed", type=int, default=1, help="random seed")
     parser.add_argument("--tables", type=int, default=24, help="tables in the pool")
@@ -854,9 +1049,9 @@ def signature(details: str) -> str:
 
 def report(tally: Tally, seconds: float) -> None:
     print(f"\n{tally.sent} requests in {seconds:.1f} s ({tally.sent / max(seconds, 1e-9):.0f}/s)")
-    print(status_table(tally.counts))
+    print(status_table(tally.counts, "rpc", tally.slowest))
     print("\nby kind of request:")
-    print(status_table(tally.modes))
+    print(status_table(tally.modes, "kind"))
     kinds = Counter(signature(o.details) for o in tally.failures)
     for kind, count in kinds.most_common():
         print(f"FAIL x{count}: {kind}")
@@ -866,12 +1061,42 @@ def report(tally: Tally, seconds: float) -> None:
     for error in tally.errors:
         print(f"FUZZER ERROR {error}")
     for outcome in tally.hangs[:10]:
-        print(f"HANG {outcome.rpc} [{outcome.mode}: {outcome.change}] after "
-              f"{outcome.seconds:.0f} s")
+        print(f"HANG {outcome.rpc} [{outcome.mode}: {outcome.change}] "
+              f"{outcome.code.name} after {outcome.seconds:.1f} s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def daemon_errors(log_path: Path) -> Counter[str]:
+    """The daemon's error records (JSON log lines at level error or critical), by message."""
+    found: Counter[str] = Counter()
+    if not log_path.exists():
+        return found
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
+            last = str(entry.get("exc", "")).strip().splitlines()[-1:] or [""]
+            found[f"{entry.get('msg')} {one_line(last[0], 200)}".strip()] += 1
+    return found
+
+
+@dataclass
+class Result:
+    tally: Tally
+    problems: list[str]  # the store checks that failed, a dead daemon
+    log_errors: Counter[str]
+    seconds: float
+    workdir: Path
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.tally.failures or self.tally.hangs or self.tally.errors
+                    or self.problems)
+
+
+def fuzz(args: argparse.Namespace) -> Result:
+    """Starts a daemon, sends the requests, checks the store before and after a restart."""
     work = Path(args.workdir or tempfile.mkdtemp(prefix="percolake-fuzz-"))
     warehouse = work / "warehouse"
     warehouse.mkdir(parents=True, exist_ok=True)
@@ -881,23 +1106,33 @@ def main(argv: list[str] | None = None) -> int:
     pools = Pools(warehouse=wh, tables=tables)
     daemon = DaemonProcess(work / "data", [wh], extra_args=DAEMON_ARGS)
     daemon.start()
-    print(f"daemon at {daemon.target}, folder {work}, seed {args.seed}", flush=True)
+    print(f"daemon at {daemon.target}, folder {work}, seed {args.seed}, "
+          f"{len(RPCS)} RPCs", flush=True)
     started = time.monotonic()
     try:
         tally = run(args, daemon, pools)
-        report(tally, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        report(tally, seconds)
         problems = integrity(daemon, pools)
     finally:
         daemon.stop()
-    for problem in problems[:30]:
+    return Result(tally, problems, daemon_errors(daemon.log_path), seconds, work)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = fuzz(args)
+    for message, count in result.log_errors.most_common(20):
+        print(f"daemon log error x{count}: {one_line(message, 300)}")
+    for problem in result.problems[:30]:
         print(f"INTEGRITY {one_line(problem, 400)}")
-    failed = bool(tally.failures or tally.hangs or tally.errors or problems)
-    print("\nFAILED" if failed else "\nOK: no INTERNAL or UNKNOWN, no hang, store intact")
-    if failed or args.workdir:
-        print(f"daemon folder and log kept: {work}")
+    print("\nFAILED" if result.failed else "\nOK: no INTERNAL or UNKNOWN, no hang, store intact "
+          "and served after a restart")
+    if result.failed or args.workdir:
+        print(f"daemon folder and log kept: {result.workdir}")
     else:
-        shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+        shutil.rmtree(result.workdir, ignore_errors=True)
+    return 1 if result.failed else 0
 
 
 if __name__ == "__main__":
