@@ -5,6 +5,9 @@ Commands:
   reset-pipeline  start a new generation of a pipeline (after its checkpoint was replaced)
   acl             add, remove or list permissions (docs/security.md)
   tokens          create, revoke or list bearer tokens
+  transactions    list, describe, abort transactions; find hanging ones (docs/operations.md)
+  pipelines       list or describe pipelines
+  snapshot        a consistent Delta version per table
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import argparse
 import json
 import sys
 
-from coordinator import limits
+from coordinator import limits, ops_cli
 from coordinator.auth import cli as auth_cli
 from coordinator.core import CoordinatorConfig
 from percolake.credentials import add_client_arguments
@@ -30,6 +33,16 @@ def _positive(kind: type) -> object:
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0..65535, got {text!r}")
+    return value
 
 
 def _retention(text: str) -> float:
@@ -121,6 +134,14 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="SECONDS",
                        help="each object-store (S3) request times out after this long and is "
                        "retried at most 3 times; then the call fails with UNAVAILABLE")
+    serve.add_argument("--metrics-port", type=_port, default=0, metavar="PORT",
+                       help="serve Prometheus metrics over plain HTTP at "
+                       "http://HOST:PORT/metrics on the --host address, read-only and without "
+                       "authentication (docs/metrics.md); 0: no metrics endpoint")
+    serve.add_argument("--http-port", type=_port, default=0, metavar="PORT",
+                       help="serve the read-only web view (HTML pages and /api JSON) at "
+                       "http://HOST:PORT/ on the --host address; with --authenticate it needs "
+                       "'Authorization: Bearer <token>' (docs/operations.md); 0: off")
     serve.add_argument("--port-file", metavar="PATH",
                        help="write the bound port to this file once serving (for --port 0)")
     serve.add_argument("--log-level", default="info",
@@ -161,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
                        "on purpose)")
     add_client_arguments(reset)
     auth_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    ops_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
@@ -200,6 +222,8 @@ def _serve(args: argparse.Namespace) -> int:
                             lease_s=args.lease_s, node_id=args.node_id,
                             tls_cert=args.tls_cert, tls_key=args.tls_key,
                             client_ca=args.client_ca, insecure=args.insecure,
+                            metrics_port=args.metrics_port,
+                            http_port=args.http_port,
                             **auth_cli.option_fields(args))
     return serve_forever(args.data_dir, config, options, args.port_file)
 
@@ -259,4 +283,6 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command in ("acl", "tokens"):
         return auth_cli.run(args)
+    if args.command in ("transactions", "pipelines", "snapshot"):
+        return ops_cli.run(args)
     return _reset(args)

@@ -9,6 +9,7 @@ table waits) live in the core (``coordinator.core.quotas``).
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ import grpc
 from coordinator.principal import current_principal
 from coordinator.validation import MAX_TXN_TIMEOUT_MS
 from percolake.leader import RETRY_METADATA
+
+log = logging.getLogger("percolake.rpc")
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # probes: never rate limited nor refused here
 MAX_TXN_TIMEOUT_S = MAX_TXN_TIMEOUT_MS / 1000  # timeouts become waits and int64 replies
@@ -142,7 +145,7 @@ class LimitsInterceptor(grpc.ServerInterceptor):
         # Runs in gRPC's polling thread just before the call is handed to the pool, so
         # in_flight is exact here.
         if self.executor.in_flight >= self.max_concurrent_rpcs:
-            return self._refusing(handler, grpc.StatusCode.RESOURCE_EXHAUSTED, (
+            return self._refusing(handler, (
                 f"{self.executor.in_flight} requests in flight: over the limit "
                 f"--max-concurrent-rpcs {self.max_concurrent_rpcs}; retry with backoff"))
         if handler.request_streaming or handler.response_streaming:
@@ -156,12 +159,11 @@ class LimitsInterceptor(grpc.ServerInterceptor):
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
             principal = current_principal()
             if not self.rate.allow(principal):
-                context.set_trailing_metadata(RETRY_METADATA)
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.rate.refusal(principal))
+                refuse(context, self.rate.refusal(principal), shed=True)
             reply = behavior(request, context)
             size = reply.ByteSize() if hasattr(reply, "ByteSize") else 0
             if size > self.max_message_bytes:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                refuse(context, (
                     f"the reply is {size} bytes: over the limit --max-message-bytes "
                     f"{self.max_message_bytes}; ask for less (without include_writes, a "
                     "smaller page_size)"))
@@ -200,24 +202,32 @@ class LimitsInterceptor(grpc.ServerInterceptor):
 
     def _take_stream_slot(self, context: grpc.ServicerContext) -> None:
         if not self.streams.take():
-            context.set_trailing_metadata(RETRY_METADATA)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+            refuse(context, shed=True, message=(
                 f"{self.streams.open} streaming calls (health Watch, reflection) open: over "
                 f"the limit --max-streams {self.streams.limit}; close one or retry"))
 
     @staticmethod
-    def _refusing(handler: Any, code: grpc.StatusCode, message: str) -> Any:
+    def _refusing(handler: Any, message: str) -> Any:
         """A handler that answers at once; declared request-streaming so that gRPC does not
         read the request message first (the wire is the same for the client)."""
 
-        def refuse(_requests: Any, context: grpc.ServicerContext) -> Any:
-            context.set_trailing_metadata(RETRY_METADATA)
-            context.abort(code, message)
+        def answer(_requests: Any, context: grpc.ServicerContext) -> Any:
+            refuse(context, message, shed=True)
 
         factory = (grpc.stream_stream_rpc_method_handler if handler.response_streaming
                    else grpc.stream_unary_rpc_method_handler)
-        return factory(refuse, request_deserializer=handler.request_deserializer,
+        return factory(answer, request_deserializer=handler.request_deserializer,
                        response_serializer=handler.response_serializer)
+
+
+def refuse(context: grpc.ServicerContext, message: str, shed: bool = False) -> None:
+    """Answers RESOURCE_EXHAUSTED (``shed``: load shed, marked so that clients retry), logged
+    once with its reason."""
+    log.info("refused", extra={"error": "ResourceExhausted", "detail": message,
+                               "peer": context.peer()})
+    if shed:
+        context.set_trailing_metadata(RETRY_METADATA)
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
 
 # ------------------------------------------------------------------ serve flags

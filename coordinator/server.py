@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator import tls
+from coordinator import metrics, tls, web
 from coordinator.auth.credentials import SecurityFileError
 from coordinator.auth.setup import Security, build_security
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
@@ -153,6 +153,8 @@ class ServerOptions:
     open_health: bool = False  # health and reflection answer without a credential
     audit_log: str = ""  # a file: refusals and administrative actions, one JSON line each
     admin_token_file: str = ""  # the bootstrap admin's token (created if missing)
+    metrics_port: int = 0  # Prometheus /metrics over HTTP on host:metrics_port; 0: off
+    http_port: int = 0  # the read-only web view on host:http_port; 0: off
 
 
 class RunningServer:
@@ -179,7 +181,8 @@ class RunningServer:
             self.executor,
             # LimitsInterceptor last: it counts the rate of the principal authentication set
             # authentication first (docs/security.md): the others see the caller
-            interceptors=[*(security.interceptors() if security else []),
+            interceptors=[*([metrics.RpcMetricsInterceptor()] if options.metrics_port else []),
+                          *(security.interceptors() if security else []),
                           MalformedRequestInterceptor(), limits],
             # gRPC's own cap (its refusal names no flag) only backs up LimitsInterceptor's,
             # which lets health checks through
@@ -199,7 +202,29 @@ class RunningServer:
             raise OSError(f"cannot listen on {options.host}:{options.port}")
         host = socket.gethostname() if options.host in ("0.0.0.0", "::", "") else options.host
         self.advertise = options.advertise or f"{host}:{self.port}"
+        self.metrics = self._serve_metrics() if options.metrics_port else None
+        self.web = self._serve_web() if options.http_port else None
         self.set_serving(False)
+
+    def _serve_metrics(self) -> metrics.MetricsServer:
+        """/metrics on the gRPC host: read-only and unauthenticated (docs/metrics.md)."""
+        served = metrics.MetricsServer(self.options.host, self.options.metrics_port,
+                                       lambda: self.core)
+        level = logging.INFO if tls.is_loopback(self.options.host) else logging.WARNING
+        log.log(level, "serving Prometheus metrics over plain HTTP without authentication",
+                extra={"host": self.options.host, "metrics_port": served.port})
+        return served
+
+    def _serve_web(self) -> web.WebServer:
+        """The web view on the gRPC host, behind the same tokens (docs/operations.md)."""
+        credentials = self.security.credentials if self.security else None
+        served = web.WebServer(self.options.host, self.options.http_port,
+                               lambda: self.fixed or self.leadership, credentials)
+        level = logging.INFO if tls.is_loopback(self.options.host) else logging.WARNING
+        log.log(level, "serving the web view over plain HTTP (bearer tokens travel in clear)",
+                extra={"host": self.options.host, "http_port": served.port,
+                        "authenticated": credentials is not None})
+        return served
 
     @property
     def core(self) -> TransactionCoordinator | None:
@@ -239,6 +264,8 @@ class RunningServer:
         A leader first releases its lease, so a standby takes over at once; calls still in
         flight here then end UNAVAILABLE (their writes are refused by the store)."""
         self.health.enter_graceful_shutdown()
+        if self.web is not None:
+            self.web.stop()  # first: its requests use the core closed below
         if self.leadership is not None:
             self.leadership.stop()
         self.server.stop(self.options.shutdown_grace_s).wait()
@@ -250,6 +277,8 @@ class RunningServer:
             core = self.fixed.term.core
             core.close()
             core.store.close()
+        if self.metrics is not None:
+            self.metrics.stop()
         log.info("stopped")
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from coordinator import validation
+from coordinator import metrics, validation
 from coordinator.auth.access import Guard
 from coordinator.leadership import CoreProvider, NotServing
 from coordinator.status_codes import status_for
@@ -89,6 +89,7 @@ def _run(servicer: CoordinatorServicer, method: Callable[..., Any], core: Any, r
     except ProtocolError as exc:
         log.info("refused", extra={"rpc": method.__name__, "error": type(exc).__name__,
                                    "detail": servicer.redact(str(exc))})
+        metrics.refused(exc)
         error = exc
     except Exception as exc:  # a broken invariant or a bug: loud, never silent
         log.exception("rpc failed", extra={"rpc": method.__name__})
@@ -116,6 +117,39 @@ def _after_start_ts(token: str) -> int:
         raise InvalidArgument("page_token is not one this service returned; send the "
                               "next_page_token of the previous reply, or none to start")
     return int(match[1])
+
+
+def _pipeline_page_token(pipeline_id: str) -> str:
+    return base64.urlsafe_b64encode(f"pipeline:{pipeline_id}".encode()).decode()
+
+
+def _after_pipeline(token: str) -> str:
+    """The pipeline id a ListPipelines page token continues after, or InvalidArgument."""
+    if not token:
+        return ""
+    try:
+        raw = base64.urlsafe_b64decode(token.encode("ascii")).decode()
+    except (UnicodeError, binascii.Error):
+        raw = ""
+    if not raw.startswith("pipeline:") or len(raw) == len("pipeline:"):
+        raise InvalidArgument("page_token is not one this service returned; send the "
+                              "next_page_token of the previous reply, or none to start")
+    return raw[len("pipeline:"):]
+
+
+def _with_wait(core: Any, txn: pb.Transaction) -> pb.Transaction:
+    if txn.state in (pb.OPEN, pb.PREWRITTEN):
+        txn.waiting_for_table = core.waiting_for(txn.txn_id)
+    return txn
+
+
+def _pipeline_status(core: Any, pipeline: Any) -> pb.Pipeline:
+    """A pipeline as GetPipeline and ListPipelines show it: with its newest committed batch."""
+    reply = codec.pipeline_to_pb(pipeline)
+    batch = core.last_committed_batch(pipeline.pipeline_id, pipeline.generation)
+    if batch is not None:
+        reply.last_committed_batch_id = batch
+    return reply
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
@@ -197,7 +231,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def GetTransaction(self, core, request, context):  # noqa: N802
-        return codec.txn_to_pb(core.get_transaction(request.txn_id), request.include_writes)
+        return _with_wait(core, codec.txn_to_pb(core.get_transaction(request.txn_id),
+                                                request.include_writes))
 
     @rpc
     def ListTransactions(self, core, request, context):  # noqa: N802
@@ -217,7 +252,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         txns = core.list_transactions(query)
         token = _page_token(txns[limit - 1].start_ts) if len(txns) > limit else ""
         return pb.ListTransactionsResponse(
-            transactions=[codec.txn_to_pb(t) for t in txns[:limit]], next_page_token=token)
+            transactions=[_with_wait(core, codec.txn_to_pb(t)) for t in txns[:limit]],
+            next_page_token=token)
 
     @rpc
     def GetSnapshot(self, core, request, context):  # noqa: N802
@@ -244,7 +280,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @rpc
     def GetPipeline(self, core, request, context):  # noqa: N802
-        return codec.pipeline_to_pb(core.get_pipeline(request.pipeline_id))
+        return _pipeline_status(core, core.get_pipeline(request.pipeline_id))
+
+    @rpc
+    def ListPipelines(self, core, request, context):  # noqa: N802
+        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size must be 0..{MAX_PAGE_SIZE}, got {request.page_size}")
+        limit = request.page_size or 100
+        pipelines = core.list_pipelines(_after_pipeline(request.page_token), limit + 1)
+        token = _pipeline_page_token(pipelines[limit - 1].pipeline_id) \
+            if len(pipelines) > limit else ""
+        return pb.ListPipelinesResponse(
+            pipelines=[_pipeline_status(core, p) for p in pipelines[:limit]],
+            next_page_token=token)
 
     @rpc
     def ResetPipeline(self, core, request, context):  # noqa: N802

@@ -178,6 +178,29 @@ def grpcurl(target: str, *args: str) -> str:
     return (result.stdout or result.stderr).strip()
 
 
+def free_port() -> int:
+    """A 127.0.0.1 port nobody listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def operator_views() -> tuple[list[str], str]:
+    """The daemon flags for the web view and the metrics on free ports, and where they are."""
+    web, metrics = free_port(), free_port()
+    return (["--http-port", str(web), "--metrics-port", str(metrics)],
+            f"web view http://127.0.0.1:{web}/ , metrics http://127.0.0.1:{metrics}/metrics")
+
+
+def coordinator_cli(target: str, *args: str) -> str:
+    """Runs ``percolake-coordinator <args> --target <target>`` and returns what it printed."""
+    result = subprocess.run([sys.executable, "-m", "coordinator", *args, "--target", target],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return (result.stdout or result.stderr).rstrip()
+
+
 class BatchSignal:
     """Wraps the batch function to tell when a batch has finished, so that the demo stops the
     query between batches: a batch interrupted halfway is aborted and replayed on the next
@@ -213,15 +236,21 @@ class HaPair:
         dsn = self.postgres.create_database("percolake")
         store_args = ["--store", dsn, "--lease-s", f"{lease_s:g}"]
         self.lease_s = lease_s
-        self.daemons = [DaemonProcess(work / f"coordinator-{name}", [lake],
-                                      extra_args=store_args) for name in ("a", "b")]
+        self.daemons, self.views = [], []
+        for name in ("a", "b"):
+            flags, where = operator_views()
+            self.daemons.append(DaemonProcess(work / f"coordinator-{name}", [lake],
+                                              extra_args=[*store_args, *flags]))
+            self.views.append(where)
         for daemon in self.daemons:
             cleanup.callback(daemon.stop)
         first, second = self.daemons
         first.start()
-        say(f"coordinator A on {first.target}: holds the lease, SERVING (store {dsn})")
+        say(f"coordinator A on {first.target}: holds the lease, SERVING (store {dsn}); "
+            f"{self.views[0]}")
         second.start(serving=False)
-        say(f"coordinator B on {second.target}: a standby, health {second.health()}")
+        say(f"coordinator B on {second.target}: a standby, health {second.health()}; "
+            f"{self.views[1]}")
 
     @property
     def target(self) -> str:
@@ -322,10 +351,11 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
         pair = HaPair(work, lake, args.lease_s, cleanup)
         target = pair.target
     else:
-        daemon = DaemonProcess(work / "coordinator-data", [lake])
+        flags, views = operator_views()
+        daemon = DaemonProcess(work / "coordinator-data", [lake], extra_args=flags)
         daemon.start()
         cleanup.callback(daemon.stop)
-        say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir})")
+        say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir}); {views}")
         target = daemon.target
     spark = local_spark("percolake-demo", conf=conf, warehouse=lake, master=master)
     cleanup.callback(spark.stop)
@@ -401,6 +431,10 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
           f"{leader_target} percolake.v1.Coordinator/ListTransactions")
     print(grpcurl(leader_target, "-d", '{"pipeline_id":"bank","page_size":2}',
                   "percolake.v1.Coordinator/ListTransactions"))
+    print(f"\n$ percolake-coordinator transactions list --limit 5 --target {target}")
+    print(coordinator_cli(target, "transactions", "list", "--limit", "5"))
+    print(f"\n$ percolake-coordinator pipelines list --target {target}")
+    print(coordinator_cli(target, "pipelines", "list"))
     if pair:
         standby = pair.standby().target
         print(f"\n$ grpcurl -plaintext {standby} grpc.health.v1.Health/Check   # the standby")

@@ -27,6 +27,7 @@ from coordinator.auth import tokens
 from coordinator.auth.credentials import BootstrapTokenError, bootstrap_token_hash
 from coordinator.launcher import DaemonProcess
 from coordinator.store import MemoryStore
+from percolake.credentials import ClientSecurity
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 from tests.daemon_support import apply_all, expect_status, table_write, unique
@@ -580,3 +581,67 @@ def test_patterns_match_ids_prefixes_and_folders(resource, pattern, name, expect
     from coordinator.auth.records import Resource
 
     assert matches(Resource(resource), pattern, name) is expected
+
+
+# ---------------------------------------------------------------- every client with a token
+
+def test_every_client_authenticates_with_its_token_and_is_refused_without(secured):
+    from sparkside.client import CoordinatorClient
+    from sparkside.errors import InvalidRequest
+    from sparkside.reader import ConsistentReader
+    from tests.daemon_support import grpcurl_path
+
+    pipeline, table = unique("a-clients"), secured.table("alice")
+    alice = secured.secrets["alice"]
+    good = CoordinatorClient(secured.daemon.target, retry_s=10,
+                             security=ClientSecurity(token=alice))
+    bad = CoordinatorClient(secured.daemon.target, retry_s=10,
+                            security=ClientSecurity(token=alice[:-4] + "AAAA"))
+    try:
+        epoch = good.call("RegisterPipeline", pb.RegisterPipelineRequest(
+            pipeline_id=pipeline, query_id=QUERY_ID)).epoch
+        assert epoch >= 1
+        with pytest.raises(InvalidRequest, match="UNAUTHENTICATED.*unknown or revoked"):
+            bad.call("GetPipeline", pb.GetPipelineRequest(pipeline_id=pipeline))
+    finally:
+        good.close()
+        bad.close()
+
+    reader = ConsistentReader(None, secured.daemon.target, retry_s=10, token=alice)
+    snapshot = reader._client.call("GetSnapshot", pb.GetSnapshotRequest(tables=[table]))
+    assert snapshot.snapshot_ts > 0
+
+    listed = cli(secured, "acl", "list", "--json", token=secured.secrets["root"])
+    assert listed.returncode == 0, listed.stderr
+    refused = cli(secured, "acl", "list", token="")
+    assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr + refused.stdout
+
+    grpcurl = grpcurl_path()
+    base = [grpcurl, "-plaintext", "-d", json.dumps({"pipeline_id": pipeline})]
+    method = [secured.daemon.target, "percolake.v1.Coordinator/GetPipeline"]
+    ok = subprocess.run([*base, "-H", f"authorization: Bearer {alice}", *method],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["pipeline_id"] == pipeline, ok.stderr
+    no = subprocess.run([*base, "-H", f"authorization: Bearer {alice}x", *method],
+                        capture_output=True, text=True, timeout=60)
+    assert no.returncode != 0 and "Unauthenticated" in no.stderr, no.stderr
+
+
+def test_a_refused_credential_is_logged_once_without_the_token(secured):
+    import time
+
+    log_path = secured.daemon.log_path
+    bogus = "plk_0123456789abcdef_" + "Z" * 43
+
+    def refusals() -> int:
+        return sum(1 for line in log_path.read_text().splitlines()
+                   if '"refused"' in line and "UNAUTHENTICATED" in line)
+
+    before = refusals()
+    expect_status(Caller(secured.stub, bogus).GetPipeline,
+                  pb.GetPipelineRequest(pipeline_id="a-x"), UNAUTHENTICATED)
+    deadline = time.monotonic() + 5
+    while refusals() < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert refusals() == before + 1
+    assert "Z" * 43 not in log_path.read_text()

@@ -11,6 +11,7 @@ The rules (docs/security.md has the table):
 - GetTransaction: DESCRIBE on its pipeline (``include_writes`` needs WRITE);
   ListTransactions: DESCRIBE on the pipeline filter, ADMIN on every pipeline without one;
   GetPipeline: DESCRIBE. Epochs and query ids are shown only to WRITE holders.
+- ListPipelines: ADMIN on every pipeline ('*').
 - GetSnapshot: READ on every table; ``as_of_batch`` also DESCRIBE on that pipeline.
 - ResetPipeline: ADMIN; with ``require_idle`` (a driver's automatic reset, refused while the
   pipeline is active) WRITE is enough.
@@ -227,6 +228,11 @@ def _get_pipeline(checks: Checks, request: Any) -> Decision:
                     else _hide_pipeline)
 
 
+def _list_pipelines(checks: Checks, request: Any) -> Decision:
+    checks.every_pipeline(Permission.ADMIN, "list every pipeline")
+    return Decision()
+
+
 def _reset(checks: Checks, request: Any) -> Decision:
     if request.require_idle and checks.has(Permission.WRITE, request.pipeline_id):
         audit.note(pipeline=request.pipeline_id)
@@ -241,7 +247,7 @@ _RULES: dict[str, Callable[[Checks, Any], Decision]] = {
     "Prewrite": _prewrite, "CommitTransaction": _commit, "AbortTransaction": _abort,
     "ReportApplied": _own, "Heartbeat": _own, "GetTransaction": _get_transaction,
     "ListTransactions": _list_transactions, "GetSnapshot": _snapshot,
-    "GetPipeline": _get_pipeline, "ResetPipeline": _reset,
+    "GetPipeline": _get_pipeline, "ResetPipeline": _reset, "ListPipelines": _list_pipelines,
 }
 
 

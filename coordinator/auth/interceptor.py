@@ -12,6 +12,7 @@ wrote (UNAUTHENTICATED here, malformed requests, limits refused before the servi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from coordinator.auth.audit import AuditLog
 from coordinator.auth.credentials import Credentials
 from coordinator.principal import ANONYMOUS, acting_as
 
+log = logging.getLogger("percolake.rpc")
 EXPECTED = ("send metadata 'authorization: Bearer <token>' or, where the coordinator "
             "requires client certificates, a certificate whose subject CN names you")
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
@@ -68,7 +70,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
             with audit.recording(_short(method), context.peer()):
-                principal = self._principal(context) if checked else ANONYMOUS
+                principal = self._principal(context, method) if checked else ANONYMOUS
                 with acting_as(principal):
                     try:
                         return behavior(request, context)
@@ -79,12 +81,15 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return factory(handle, request_deserializer=handler.request_deserializer,
                        response_serializer=handler.response_serializer)
 
-    def _principal(self, context: grpc.ServicerContext) -> str:
+    def _principal(self, context: grpc.ServicerContext, method: str) -> str:
         try:
             return self.authenticate(context)
         except Unauthenticated as exc:
             message = f"{exc}: {EXPECTED}" if exc.code == grpc.StatusCode.UNAUTHENTICATED \
                 else str(exc)
+            log.info("refused", extra={"rpc": _short(method),
+                                       "error": exc.code.name, "detail": str(exc),
+                                       "peer": context.peer()})
             if self.audit_log is not None and exc.code == grpc.StatusCode.UNAUTHENTICATED:
                 self.audit_log.write(principal="", action="refused", status=exc.code.name,
                                      message=message)

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from coordinator import validation
+from coordinator import metrics, validation
 from coordinator.core.state import CoreState, wall_ms
 from percolake.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from percolake.records import TxnRecord, delta_app_id
@@ -54,6 +54,7 @@ class Applying(CoreState):
                     f"commit (its log entry must name the transaction and carry app "
                     f"transaction {app_id} version {txn.batch_id}); nothing was recorded")
 
+    @metrics.counted_roll_forward
     def _roll_forward(self, txn_id: str, table: str, deadline: float,
                       take_slot: bool = False) -> None:
         """Applies a committed transaction's write to one table (Percolator lock resolution).

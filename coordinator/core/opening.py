@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from coordinator import validation
+from coordinator import metrics, validation
 from coordinator.core.quotas import exceeded
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.principal import current_principal
@@ -188,12 +188,15 @@ class Opening(CoreState):
         A request that has to wait takes one of the --max-table-waiters slots until it is done.
         """
         waiting = [False]
+        started = time.monotonic()
         try:
             self._acquire_table_waiting(txn_id, epoch, table, deadline, waiting)
         finally:
             if waiting[0]:
+                metrics.TABLE_WAITS.observe(time.monotonic() - started)
                 with self._lock:
                     self._table_waits.give_back()
+                    self._waiting_for.pop(txn_id, None)
 
     def _acquire_table_waiting(self, txn_id: str, epoch: int | None, table: str,
                                deadline: float, waiting: list[bool]) -> None:
@@ -235,6 +238,7 @@ class Opening(CoreState):
                     if not waiting[0]:
                         self._table_waits.take(table)
                         waiting[0] = True
+                    self._waiting_for[txn_id] = table
                     self._changed.wait(min(remaining, 0.5))
             self._clean_up(expired)
             if roll_forward is not None:

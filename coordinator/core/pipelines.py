@@ -14,7 +14,7 @@ log = logging.getLogger("percolake.coordinator")
 
 
 class Pipelines(CoreState):
-    """RegisterPipeline, GetPipeline, ResetPipeline."""
+    """RegisterPipeline, GetPipeline, ListPipelines, ResetPipeline."""
 
     def register_pipeline(self, pipeline_id: str, query_id: str | None) -> PipelineRecord:
         """Issues a new epoch (fencing every older driver) and binds the query id on first use."""
@@ -57,6 +57,17 @@ class Pipelines(CoreState):
             if pipeline is None:
                 raise NotFound(f"no pipeline {pipeline_id!r}")
             return pipeline.copy()
+
+    def list_pipelines(self, after_id: str, limit: int) -> list[PipelineRecord]:
+        """Up to ``limit`` pipelines whose id sorts after ``after_id``, ordered by id."""
+        with self._lock:
+            ids = sorted(i for i in self._pipelines if i > after_id)[:limit]
+            return [self._pipelines[i].copy() for i in ids]
+
+    def last_committed_batch(self, pipeline_id: str, generation: int) -> int | None:
+        """The newest committed batch of that generation, or None if it never committed."""
+        with self._lock:
+            return self.store.newest_committed_batch(pipeline_id, generation)
 
     def reset_pipeline(
         self, pipeline_id: str, reason: str, expected_generation: int | None,

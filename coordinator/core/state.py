@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from coordinator import validation
+from coordinator import metrics, validation
 from coordinator.core.quotas import LiveCounts, WaitSlots, exceeded
 from coordinator.oracle import TimestampOracle
 from coordinator.store.base import Store, TxnQuery
@@ -107,6 +107,7 @@ class CoreState:
         self._live = LiveCounts()  # keyed like _deadlines: the live transactions
         self._table_waits = WaitSlots(config.max_table_waiters)
         self._holders: dict[str, str] = {}
+        self._waiting_for: dict[str, str] = {}  # txn id -> the held table it waits to take
         self._pending_cleanup: set[str] = set()
         self._resolved: dict[str, tuple[str, float]] = {}
         # Monotonic times of commits (for the roll-forward delay and require_idle). Across a
@@ -116,8 +117,13 @@ class CoreState:
         self._newest_batch: dict[tuple[str, int], int] = {}
         self._last_commit_at = {p.pipeline_id: monotonic() for p in self._pipelines.values()
                                 if p.last_commit_ms}
+        # the state each unfinished transaction was last tracked in (metrics' transitions);
+        # recovered ones are not transitions
+        self._tracked_state: dict[str, TxnState] = {}
+        self._count_transitions = False
         for txn in store.unfinished_txns():
             self._track(txn)
+        self._count_transitions = True
         self._stop = threading.Event()
         self._resolver: threading.Thread | None = None
 
@@ -155,13 +161,27 @@ class CoreState:
                 validation.check_non_negative(name, value)
         return self.store.list_txns(query)
 
+    def waiting_for(self, txn_id: str) -> str:
+        """The table another transaction holds that this one is waiting to take, or ""."""
+        with self._lock:
+            return self._waiting_for.get(txn_id, "")
+
     def resolve_table(self, table: str) -> str:
         return self._canonical(table)
 
     def wait_durable(self) -> None:
         """Returns once every state change made so far is on stable storage; called before
         every reply (I8), it lets the store commit concurrent requests' writes together."""
-        self.store.flush()
+        with metrics.FLUSH_SECONDS.time():
+            self.store.flush()
+
+    def metrics_view(self) -> tuple[list[tuple[TxnState, int]], list[tuple[str, int]]]:
+        """(state, created_ms) of each unfinished transaction and (pipeline, last_commit_ms)
+        of each pipeline that committed: one pass under the lock, for a metrics scrape."""
+        with self._lock:
+            return ([(t.state, t.created_ms) for t in self._unfinished.values()],
+                    [(p.pipeline_id, p.last_commit_ms) for p in self._pipelines.values()
+                     if p.last_commit_ms])
 
     def _get(self, txn_id: str) -> TxnRecord:
         txn = self._unfinished.get(txn_id) or self.store.get_txn(txn_id)
@@ -175,6 +195,15 @@ class CoreState:
     def _track(self, txn: TxnRecord, timeout_ms: int = 0) -> None:
         """Makes the in-memory view match the durable record just written."""
         was_live = txn.txn_id in self._deadlines
+        if txn.state in (TxnState.APPLIED, TxnState.ABORTED):  # a final state: counted once
+            previous = self._tracked_state.pop(txn.txn_id, None)
+            entered = previous is not None
+        else:
+            previous = self._tracked_state.get(txn.txn_id)
+            self._tracked_state[txn.txn_id] = txn.state
+            entered = previous != txn.state
+        if entered and self._count_transitions:
+            metrics.transition(previous, txn)
         try:
             self._track_view(txn, timeout_ms)
         finally:

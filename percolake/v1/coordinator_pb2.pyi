@@ -132,7 +132,7 @@ class TableParticipant(_message.Message):
     def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ...) -> None: ...
 
 class Transaction(_message.Message):
-    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal")
+    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal", "waiting_for_table")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class Transaction(_message.Message):
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_TABLE_FIELD_NUMBER: _ClassVar[int]
     txn_id: str
     pipeline_id: str
     generation: int
@@ -163,10 +164,11 @@ class Transaction(_message.Message):
     updated_unix_ms: int
     query_id: str
     principal: str
-    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ..., principal: _Optional[str] = ...) -> None: ...
+    waiting_for_table: str
+    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ..., principal: _Optional[str] = ..., waiting_for_table: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
-    __slots__ = ("pipeline_id", "generation", "epoch", "query_id", "created_unix_ms", "last_commit_unix_ms", "resets")
+    __slots__ = ("pipeline_id", "generation", "epoch", "query_id", "created_unix_ms", "last_commit_unix_ms", "resets", "last_committed_batch_id")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +176,7 @@ class Pipeline(_message.Message):
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_COMMIT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     RESETS_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMITTED_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     generation: int
     epoch: int
@@ -181,7 +184,8 @@ class Pipeline(_message.Message):
     created_unix_ms: int
     last_commit_unix_ms: int
     resets: _containers.RepeatedCompositeFieldContainer[PipelineReset]
-    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., last_commit_unix_ms: _Optional[int] = ..., resets: _Optional[_Iterable[_Union[PipelineReset, _Mapping]]] = ...) -> None: ...
+    last_committed_batch_id: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., last_commit_unix_ms: _Optional[int] = ..., resets: _Optional[_Iterable[_Union[PipelineReset, _Mapping]]] = ..., last_committed_batch_id: _Optional[int] = ...) -> None: ...
 
 class PipelineReset(_message.Message):
     __slots__ = ("from_generation", "to_generation", "reason", "reset_unix_ms", "previous_query_id", "bound_query_id")
@@ -444,6 +448,22 @@ class GetPipelineRequest(_message.Message):
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     def __init__(self, pipeline_id: _Optional[str] = ...) -> None: ...
+
+class ListPipelinesRequest(_message.Message):
+    __slots__ = ("page_token", "page_size")
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    page_token: str
+    page_size: int
+    def __init__(self, page_token: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListPipelinesResponse(_message.Message):
+    __slots__ = ("pipelines", "next_page_token")
+    PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    pipelines: _containers.RepeatedCompositeFieldContainer[Pipeline]
+    next_page_token: str
+    def __init__(self, pipelines: _Optional[_Iterable[_Union[Pipeline, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ResetPipelineRequest(_message.Message):
     __slots__ = ("pipeline_id", "reason", "expected_generation", "require_idle", "query_id")

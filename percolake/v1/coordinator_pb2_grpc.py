@@ -94,6 +94,11 @@ class CoordinatorStub:
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.GetPipelineRequest.SerializeToString,
                 response_deserializer=percolake_dot_v1_dot_coordinator__pb2.Pipeline.FromString,
                 _registered_method=True)
+        self.ListPipelines = channel.unary_unary(
+                '/percolake.v1.Coordinator/ListPipelines',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ListPipelinesRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListPipelinesResponse.FromString,
+                _registered_method=True)
         self.ResetPipeline = channel.unary_unary(
                 '/percolake.v1.Coordinator/ResetPipeline',
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.SerializeToString,
@@ -218,6 +223,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPipelines(self, request, context):
+        """Every pipeline, ordered by id, a page at a time (needs ADMIN on every pipeline ('*') when
+        the coordinator authenticates callers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResetPipeline(self, request, context):
         """Starts a new generation of a pipeline (after its checkpoint was deleted or replaced).
         """
@@ -326,6 +339,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetPipeline,
                     request_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetPipelineRequest.FromString,
                     response_serializer=percolake_dot_v1_dot_coordinator__pb2.Pipeline.SerializeToString,
+            ),
+            'ListPipelines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPipelines,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListPipelinesRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ListPipelinesResponse.SerializeToString,
             ),
             'ResetPipeline': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetPipeline,
@@ -687,6 +705,33 @@ class Coordinator:
             '/percolake.v1.Coordinator/GetPipeline',
             percolake_dot_v1_dot_coordinator__pb2.GetPipelineRequest.SerializeToString,
             percolake_dot_v1_dot_coordinator__pb2.Pipeline.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPipelines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ListPipelines',
+            percolake_dot_v1_dot_coordinator__pb2.ListPipelinesRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ListPipelinesResponse.FromString,
             options,
             channel_credentials,
             insecure,

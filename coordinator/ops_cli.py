@@ -1,0 +1,443 @@
+"""Operating commands (docs/operations.md): ``transactions list|describe|abort|find-hanging``,
+``pipelines list|describe`` and ``snapshot``, each a read or one administrative call to a
+running coordinator, following its leader like every client command.
+
+Exit status: 0 done, 1 the coordinator refused (its status and message on stderr), 2 bad
+arguments or unusable client settings."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from coordinator.hanging import find_hanging
+from coordinator.oracle import LOGICAL_BITS, wall_ms_of
+from percolake.credentials import add_client_arguments
+from percolake.v1 import coordinator_pb2 as pb
+
+CALL_TIMEOUT_S = 30.0
+STATES = ("OPEN", "PREWRITTEN", "COMMITTED", "APPLIED", "ABORTED")
+# Live: holding its tables. COMMITTED: decided, but not yet applied to every Delta table.
+UNFINISHED = (pb.OPEN, pb.PREWRITTEN, pb.COMMITTED)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Refused(Exception):
+    """The coordinator answered with an error status."""
+
+
+def duration(text: str) -> float:
+    """Seconds of ``90s``, ``5m``, ``1h`` or ``2d``."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 90s, 5m, 1h or 2d, got {text!r}")
+    return float(match[1]) * _UNIT_S[match[2]]
+
+
+def as_of(text: str) -> int:
+    """A commit_ts (an integer, as `transactions describe` shows it) or a UTC time
+    (2026-11-26T00:40:00Z)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a commit_ts or an ISO time like 2026-11-26T00:40:00Z, got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return (int(when.timestamp() * 1000) + 1 << LOGICAL_BITS) - 1
+
+
+# ---------------------------------------------------------------- parsers
+
+def _common(parser: argparse.ArgumentParser, default_target: str) -> None:
+    parser.add_argument("--target", default=default_target,
+                        help="coordinator address HOST:PORT, or several separated by commas "
+                        "(h1:50051,h2:50051): each request follows the leader, retried for "
+                        "up to 30 s")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON (for scripts) instead of a readable table")
+    add_client_arguments(parser)
+
+
+def add_commands(commands: Any, default_target: str) -> None:
+    """Adds ``transactions``, ``pipelines`` and ``snapshot`` to the top-level subparsers."""
+    txns = commands.add_parser(
+        "transactions", help="list, describe, abort transactions; find hanging ones",
+        description="Look at the coordinator's transactions and act on them: list, describe, "
+        "abort a live one, find those hanging past a threshold (docs/operations.md).")
+    actions = txns.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list", help="list transactions, oldest first",
+        description="List transactions, oldest first. Without --pipeline it needs ADMIN on "
+        "every pipeline when the coordinator authenticates callers.")
+    listing.add_argument("--pipeline", default="", help="only this pipeline's transactions")
+    listing.add_argument("--state", action="append", choices=STATES, type=str.upper,
+                         help="only transactions in this state; repeat for several")
+    listing.add_argument("--older-than", type=duration, metavar="DURATION",
+                         help="only transactions created longer ago than this (90s, 5m, 1h)")
+    listing.add_argument("--limit", type=_positive_int, default=100,
+                         help="show at most this many transactions")
+    _common(listing, default_target)
+
+    describe = actions.add_parser(
+        "describe", help="show one transaction in full",
+        description="Show one transaction: state, pipeline, generation, batch, attempt, "
+        "epoch, query id, timings, and per table its write location, file and row counts, "
+        "and the Delta version it produced once applied.")
+    describe.add_argument("txn_id", metavar="TXN_ID", help="the transaction id")
+    _common(describe, default_target)
+
+    abort = actions.add_parser(
+        "abort", help="abort a live (OPEN or PREWRITTEN) transaction",
+        description="Abort a live transaction and delete its files. A committed transaction "
+        "is never aborted: the coordinator refuses (exit status 1, the reason on stderr). "
+        "Aborting another principal's transaction needs ADMIN on its pipeline.")
+    abort.add_argument("txn_id", metavar="TXN_ID", help="the transaction id")
+    abort.add_argument("--reason", required=True, help="why; recorded as its abort reason")
+    _common(abort, default_target)
+
+    hanging = actions.add_parser(
+        "find-hanging", help="live or committed-but-unapplied transactions past a threshold",
+        description="Transactions still OPEN or PREWRITTEN, or COMMITTED but not yet applied "
+        "to every table, created longer ago than --older-than: the tables each holds and, "
+        "for one blocked waiting to take a table, the transaction holding that table. Needs "
+        "ADMIN on every pipeline with authentication.")
+    hanging.add_argument("--older-than", type=duration, default=120.0, metavar="DURATION",
+                         help="age threshold (90s, 2m, 1h); default 2m")
+    hanging.add_argument("--pipeline", default="", help="only this pipeline's transactions")
+    _common(hanging, default_target)
+
+    pipes = commands.add_parser(
+        "pipelines", help="list or describe pipelines",
+        description="Look at the coordinator's pipelines (docs/operations.md).")
+    pipe_actions = pipes.add_subparsers(dest="action", required=True, metavar="ACTION")
+    plist = pipe_actions.add_parser(
+        "list", help="list every pipeline",
+        description="List every pipeline with its generation, epoch, query id and last "
+        "commit. Needs ADMIN on every pipeline when the coordinator authenticates callers.")
+    _common(plist, default_target)
+    pdescribe = pipe_actions.add_parser(
+        "describe", help="show one pipeline in full",
+        description="Show one pipeline: generation, epoch, query id, last committed batch "
+        "and when, its tables (those of the last committed batch), its live attempts and its "
+        "resets.")
+    pdescribe.add_argument("pipeline_id", metavar="PIPELINE", help="the pipeline id")
+    _common(pdescribe, default_target)
+
+    snap = commands.add_parser(
+        "snapshot", help="a consistent Delta version per table",
+        description="A consistent point in time: the snapshot_ts and, per table, the Delta "
+        "version to read (or that the table has no committed write yet).")
+    snap.add_argument("tables", nargs="+", metavar="TABLE", help="table URIs or paths")
+    snap.add_argument("--as-of", type=as_of, metavar="TS",
+                      help="time travel: a commit_ts, or a UTC time like "
+                      "2026-11-26T00:40:00Z (the state after every commit up to then)")
+    _common(snap, default_target)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+# ---------------------------------------------------------------- running
+
+def run(args: argparse.Namespace) -> int:
+    """Runs one operating command; 0 done, 1 the coordinator refused, 2 bad settings."""
+    import grpc
+
+    from coordinator.cli import client_follower
+
+    name = " ".join(filter(None, [args.command, getattr(args, "action", "")]))
+    try:
+        follower = client_follower(args)
+    except ValueError as exc:
+        print(f"{name} failed: {exc}", file=sys.stderr)
+        return 2
+
+    def call(method: str, request: Any) -> Any:
+        return follower.call(method, request, timeout_s=CALL_TIMEOUT_S, retry_s=CALL_TIMEOUT_S)
+
+    try:
+        result = _HANDLERS[name](args, call)
+    except grpc.RpcError as exc:
+        print(f"{name} failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        follower.close()
+    print(json.dumps(result[0], indent=None) if args.json else result[1])
+    return 0
+
+
+Call = Callable[[str, Any], Any]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _transactions(call: Call, request: pb.ListTransactionsRequest,
+                  limit: int | None = None) -> Iterator[pb.Transaction]:
+    """Every transaction the request matches (page after page), at most ``limit``."""
+    shown = 0
+    while True:
+        reply = call("ListTransactions", request)
+        for txn in reply.transactions:
+            if limit is not None and shown >= limit:
+                return
+            shown += 1
+            yield txn
+        if not reply.next_page_token:
+            return
+        request.page_token = reply.next_page_token
+
+
+def _list(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    request = pb.ListTransactionsRequest(
+        pipeline_id=args.pipeline, states=[pb.TransactionState.Value(s) for s in args.state or []],
+        page_size=min(args.limit, 1000))
+    if args.older_than is not None:
+        request.created_before_unix_ms = max(1, _now_ms() - int(args.older_than * 1000))
+    txns = [txn_json(t) for t in _transactions(call, request, args.limit)]
+    return txns, _txn_table(txns) if txns else "no transactions"
+
+
+def _describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    txn = txn_json(call("GetTransaction", pb.GetTransactionRequest(txn_id=args.txn_id)))
+    return txn, _txn_details(txn)
+
+
+def _abort(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    current = call("GetTransaction", pb.GetTransactionRequest(txn_id=args.txn_id))
+    request = pb.AbortTransactionRequest(txn_id=args.txn_id, reason=args.reason)
+    if current.epoch:  # a fenced pipeline's transaction is aborted with its own epoch
+        request.epoch = current.epoch
+    txn = txn_json(call("AbortTransaction", request).transaction)
+    return txn, f"transaction {txn['txn_id']} is {txn['state']}: {txn['abort_reason']}"
+
+
+def _find_hanging(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    request = pb.ListTransactionsRequest(pipeline_id=args.pipeline, states=UNFINISHED,
+                                         page_size=1000)
+    unfinished = [txn_json(t) for t in _transactions(call, request)]
+    if args.pipeline:  # the holder of a waited-for table may be another pipeline's
+        others = pb.ListTransactionsRequest(states=UNFINISHED, page_size=1000)
+        every = [txn_json(t) for t in _transactions(call, others)] \
+            if any(t["waiting_for_table"] for t in unfinished) else unfinished
+    else:
+        every = unfinished
+    hanging = find_hanging(unfinished, every, args.older_than)
+    if not hanging:
+        return hanging, f"no transaction unfinished for longer than {_age(args.older_than)}"
+    rows = []
+    for txn in hanging:
+        wait = txn["waiting_for"]
+        holder = "" if wait is None else (
+            f"{wait['holder_txn_id']} ({wait['holder_pipeline_id']}, {wait['holder_state']})"
+            if wait["holder_txn_id"] else "(released)")
+        rows.append([txn["txn_id"], txn["pipeline_id"], str(txn["batch_id"]), txn["state"],
+                     _age(txn["age_s"]), ", ".join(t["table"] for t in txn["tables"]),
+                     wait["table"] if wait else "", holder])
+    return hanging, _table(["TXN_ID", "PIPELINE", "BATCH", "STATE", "AGE", "HOLDS",
+                            "WAITING FOR", "HELD BY"], rows)
+
+
+def _pipelines_list(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    request = pb.ListPipelinesRequest(page_size=1000)
+    pipelines = []
+    while True:
+        reply = call("ListPipelines", request)
+        pipelines.extend(pipeline_json(p) for p in reply.pipelines)
+        if not reply.next_page_token:
+            break
+        request.page_token = reply.next_page_token
+    if not pipelines:
+        return pipelines, "no pipelines"
+    return pipelines, _table(
+        ["PIPELINE", "GENERATION", "EPOCH", "QUERY ID", "LAST BATCH", "LAST COMMIT (UTC)",
+         "SINCE"],
+        [[p["pipeline_id"], str(p["generation"]), str(p["epoch"]), p["query_id"],
+          _opt(p["last_committed_batch_id"]), p["last_commit"],
+          _age(p["seconds_since_last_commit"])] for p in pipelines])
+
+
+def _pipelines_describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    pipeline = pipeline_json(call("GetPipeline", pb.GetPipelineRequest(
+        pipeline_id=args.pipeline_id)))
+    live = [txn_json(t) for t in _transactions(call, pb.ListTransactionsRequest(
+        pipeline_id=args.pipeline_id, states=UNFINISHED, page_size=1000))]
+    tables: list[str] = []
+    if pipeline["last_committed_batch_id"] is not None:
+        for txn in _transactions(call, pb.ListTransactionsRequest(
+                pipeline_id=args.pipeline_id, generation=pipeline["generation"],
+                batch_id=pipeline["last_committed_batch_id"],
+                states=[pb.COMMITTED, pb.APPLIED])):
+            tables = [p.table for p in txn.participants]
+    result = {**pipeline, "tables": tables, "live_attempts": live}
+    lines = [f"pipeline            {pipeline['pipeline_id']}",
+             f"generation          {pipeline['generation']}",
+             f"epoch               {pipeline['epoch']}",
+             f"query id            {pipeline['query_id'] or '(unbound)'}",
+             f"created             {pipeline['created']}",
+             f"last batch          {_opt(pipeline['last_committed_batch_id']) or '(none)'}",
+             f"last commit         {pipeline['last_commit'] or '(never)'}"
+             + (f" ({_age(pipeline['seconds_since_last_commit'])} ago)"
+                if pipeline["last_commit"] else ""),
+             f"tables              {', '.join(tables) or '(none)'}"]
+    lines.append("live attempts       " + ("(none)" if not live else ", ".join(
+        f"{t['txn_id']} batch {t['batch_id']} attempt {t['attempt']} {t['state']} "
+        f"age {_age(t['age_s'])}" for t in live)))
+    for reset in pipeline["resets"]:
+        lines.append(f"reset               generation {reset['from_generation']} -> "
+                     f"{reset['to_generation']} at {reset['reset']}: {reset['reason']}")
+    return result, "\n".join(lines)
+
+
+def _snapshot(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
+    request = pb.GetSnapshotRequest(tables=args.tables)
+    if args.as_of is not None:
+        request.as_of_ts = args.as_of
+    reply = call("GetSnapshot", request)
+    result = {"snapshot_ts": reply.snapshot_ts, "snapshot_time": _ts_time(reply.snapshot_ts),
+              "tables": [{"table": t.table, "canonical_table": t.canonical_table,
+                          "exists": t.exists,
+                          "delta_version": t.delta_version if t.exists else None}
+                         for t in reply.tables]}
+    text = f"snapshot_ts {reply.snapshot_ts} ({result['snapshot_time']})\n" + _table(
+        ["TABLE", "DELTA VERSION"],
+        [[t["canonical_table"], str(t["delta_version"]) if t["exists"]
+          else "(no committed write)"] for t in result["tables"]])
+    return result, text
+
+
+_HANDLERS: dict[str, Callable[[argparse.Namespace, Call], tuple[Any, str]]] = {
+    "transactions list": _list, "transactions describe": _describe,
+    "transactions abort": _abort, "transactions find-hanging": _find_hanging,
+    "pipelines list": _pipelines_list, "pipelines describe": _pipelines_describe,
+    "snapshot": _snapshot,
+}
+
+
+# ---------------------------------------------------------------- output
+
+def _iso(unix_ms: int) -> str:
+    """UTC ISO 8601 with milliseconds, or "" for 0 (never)."""
+    if not unix_ms:
+        return ""
+    when = dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
+
+
+def _ts_time(ts: int) -> str:
+    return _iso(wall_ms_of(ts)) if ts else ""
+
+
+def _age(seconds: float | None) -> str:
+    """A duration as its two largest units: 45s, 1m30s, 1h, 2d3h."""
+    if seconds is None:
+        return ""
+    left = int(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(p for p in parts[:2] if not p.startswith("0") or len(parts) == 1)
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def txn_json(txn: pb.Transaction) -> dict[str, Any]:
+    """A transaction as ``--json`` prints it (times as unix ms and as UTC ISO)."""
+    return {
+        "txn_id": txn.txn_id, "pipeline_id": txn.pipeline_id, "generation": txn.generation,
+        "batch_id": txn.batch_id, "attempt": txn.attempt,
+        "state": pb.TransactionState.Name(txn.state), "epoch": txn.epoch,
+        "query_id": txn.query_id, "principal": txn.principal,
+        "abort_reason": txn.abort_reason, "waiting_for_table": txn.waiting_for_table,
+        "start_ts": txn.start_ts,
+        "commit_ts": txn.commit_ts, "committed": _ts_time(txn.commit_ts),
+        "created_unix_ms": txn.created_unix_ms, "created": _iso(txn.created_unix_ms),
+        "updated_unix_ms": txn.updated_unix_ms, "updated": _iso(txn.updated_unix_ms),
+        "age_s": round(max(0, _now_ms() - txn.created_unix_ms) / 1000, 3),
+        "tables": [{"table": p.table, "write_location": p.write_location,
+                    "mode": pb.WriteMode.Name(p.mode or pb.APPEND),
+                    "prewritten": p.prewritten, "file_count": p.file_count,
+                    "row_count": p.row_count, "applied": p.applied,
+                    "delta_version": p.delta_version if p.applied else None}
+                   for p in txn.participants],
+    }
+
+
+def pipeline_json(pipeline: pb.Pipeline) -> dict[str, Any]:
+    """A pipeline as ``--json`` prints it."""
+    last = pipeline.last_commit_unix_ms
+    return {
+        "pipeline_id": pipeline.pipeline_id, "generation": pipeline.generation,
+        "epoch": pipeline.epoch, "query_id": pipeline.query_id,
+        "created_unix_ms": pipeline.created_unix_ms, "created": _iso(pipeline.created_unix_ms),
+        "last_committed_batch_id": pipeline.last_committed_batch_id
+        if pipeline.HasField("last_committed_batch_id") else None,
+        "last_commit_unix_ms": last, "last_commit": _iso(last),
+        "seconds_since_last_commit": round((_now_ms() - last) / 1000, 3) if last else None,
+        "resets": [{"from_generation": r.from_generation, "to_generation": r.to_generation,
+                    "reason": r.reason, "reset_unix_ms": r.reset_unix_ms,
+                    "reset": _iso(r.reset_unix_ms)} for r in pipeline.resets],
+    }
+
+
+def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+                     .rstrip() for row in [header, *rows])
+
+
+def _txn_table(txns: list[dict[str, Any]]) -> str:
+    return _table(
+        ["TXN_ID", "PIPELINE", "GEN", "BATCH", "ATTEMPT", "STATE", "AGE", "CREATED (UTC)",
+         "TABLES"],
+        [[t["txn_id"], t["pipeline_id"], str(t["generation"]), str(t["batch_id"]),
+          str(t["attempt"]), t["state"], _age(t["age_s"]), t["created"],
+          str(len(t["tables"]))] for t in txns])
+
+
+def _txn_details(txn: dict[str, Any]) -> str:
+    lines = [f"{label:<20}{value}" for label, value in (
+        ("transaction", txn["txn_id"]), ("state", txn["state"]),
+        ("pipeline", txn["pipeline_id"]), ("generation", txn["generation"]),
+        ("batch", txn["batch_id"]), ("attempt", txn["attempt"]), ("epoch", txn["epoch"]),
+        ("query id", txn["query_id"] or "(none)"), ("principal", txn["principal"] or "(none)"),
+        ("created", txn["created"]), ("updated", txn["updated"]),
+        ("age", _age(txn["age_s"])), ("start_ts", txn["start_ts"]),
+        ("commit_ts", f"{txn['commit_ts']} ({txn['committed']})" if txn["commit_ts"]
+         else "(not committed)"),
+    )]
+    if txn["waiting_for_table"]:
+        lines.append(f"{'waiting for':<20}{txn['waiting_for_table']} (held by another "
+                     "transaction)")
+    if txn["abort_reason"]:
+        lines.append(f"{'abort reason':<20}{txn['abort_reason']}")
+    if txn["tables"]:
+        lines.append("")
+        lines.append(_table(
+            ["TABLE", "MODE", "PREWRITTEN", "FILES", "ROWS", "APPLIED", "DELTA VERSION",
+             "WRITE LOCATION"],
+            [[t["table"], t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
+              str(t["row_count"]), "yes" if t["applied"] else "no",
+              _opt(t["delta_version"]), t["write_location"]] for t in txn["tables"]]))
+    return "\n".join(lines)

@@ -1,0 +1,473 @@
+"""The read-only web view of ``serve --http-port`` (docs/operations.md): server-rendered HTML
+pages and their JSON twins under ``/api``, read in-process from the serving core.
+
+Each page makes the calls the equivalent RPCs make (the servicer's own method bodies) under
+the same access rules: with ``--authenticate`` a request needs ``Authorization: Bearer
+<token>`` (401 without) and the permission the RPC needs (403). A standby answers 503 naming
+the leader. Every value is HTML-escaped; pages carry no script (the CSP forbids any).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+
+from coordinator.auth.access import Checks, authorize
+from coordinator.auth.credentials import Credentials
+from coordinator.hanging import find_hanging
+from coordinator.leadership import CoreProvider, NotServing
+from coordinator.ops_cli import UNFINISHED, duration, pipeline_json, txn_json
+from coordinator.ops_cli import _age as age_text
+from coordinator.servicer import CoordinatorServicer
+from coordinator.status_codes import status_for
+from percolake.errors import InvalidArgument, NotLeader, ProtocolError, StoreUnavailable
+from percolake.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger("percolake.web")
+MAX_LIMIT = 1000
+_HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
+                grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.UNAVAILABLE: 503,
+                grpc.StatusCode.RESOURCE_EXHAUSTED: 429}
+_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
+
+
+class WebError(Exception):
+    """An answer other than 200: its HTTP status, message and, on a standby, the leader."""
+
+    def __init__(self, status: int, message: str, leader: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.leader = leader
+
+
+def _rpc_body(name: str) -> Callable[..., Any]:
+    """The servicer's method body (what ``rpc`` wraps), called without gRPC."""
+    return getattr(CoordinatorServicer, name).__wrapped__
+
+
+class Reader:
+    """Makes RPC-equivalent reads on the serving core as one caller (``principal``; None with
+    authentication off)."""
+
+    def __init__(self, cores: CoreProvider | None, credentials: Credentials | None,
+                 principal: str | None) -> None:
+        self.cores = cores
+        self.credentials = credentials
+        self.principal = principal
+
+    def call(self, name: str, request: Any) -> Any:
+        if self.cores is None:
+            raise WebError(503, "the coordinator is still starting; retry")
+        body = _rpc_body(name)
+        try:
+            with self.cores.serving() as term:
+                core = term.core
+                try:
+                    decision = None if self.credentials is None else authorize(
+                        name, Checks(self.principal or "", self.credentials, core), request)
+                    reply = body(None, core, request, None)
+                except (NotLeader, StoreUnavailable) as exc:
+                    if isinstance(exc, NotServing):
+                        raise
+                    raise self.cores.lost(term, exc) from exc
+                finally:
+                    core.wait_durable()  # what the answer rests on is durable first (I8)
+                term.confirm()
+        except NotServing as exc:
+            raise WebError(503, str(exc), exc.leader_address) from exc
+        except ProtocolError as exc:
+            raise WebError(_HTTP_STATUS.get(status_for(exc), 500), str(exc)) from exc
+        if decision is not None and decision.hide_identity is not None:
+            decision.hide_identity(reply)
+        return reply
+
+    def transactions(self, request: pb.ListTransactionsRequest,
+                     limit: int | None = None) -> Iterator[dict[str, Any]]:
+        shown = 0
+        while True:
+            reply = self.call("ListTransactions", request)
+            for txn in reply.transactions:
+                if limit is not None and shown >= limit:
+                    return
+                shown += 1
+                yield txn_json(txn)
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
+
+
+# ---------------------------------------------------------------- the views (JSON-able data)
+
+def _one(query: dict[str, list[str]], name: str, default: str = "") -> str:
+    values = query.get(name, [])
+    return values[-1].strip() if values else default
+
+
+def _states(query: dict[str, list[str]]) -> list[int]:
+    names = [s.strip().upper() for v in query.get("state", []) for s in v.split(",") if s.strip()]
+    try:
+        return [pb.TransactionState.Value(s) for s in names]
+    except ValueError:
+        raise InvalidArgument(f"state must be OPEN, PREWRITTEN, COMMITTED, APPLIED or ABORTED, "
+                              f"got {', '.join(names)!r}") from None
+
+
+def _older_than(query: dict[str, list[str]], default: float | None) -> float | None:
+    text = _one(query, "older-than")
+    if not text:
+        return default
+    try:
+        return duration(text)
+    except Exception as exc:  # argparse.ArgumentTypeError, with the expected form
+        raise InvalidArgument(f"older-than: {exc}") from None
+
+
+def _limit(query: dict[str, list[str]]) -> int:
+    text = _one(query, "limit", "100")
+    if not text.isdigit() or not 0 < int(text) <= MAX_LIMIT:
+        raise InvalidArgument(f"limit must be an integer 1..{MAX_LIMIT}, got {text!r}")
+    return int(text)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def pipelines_view(reader: Reader, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+    request = pb.ListPipelinesRequest(page_size=MAX_LIMIT)
+    pipelines = []
+    while True:
+        reply = reader.call("ListPipelines", request)
+        pipelines.extend(pipeline_json(p) for p in reply.pipelines)
+        if not reply.next_page_token:
+            return pipelines
+        request.page_token = reply.next_page_token
+
+
+def transactions_view(reader: Reader, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+    limit = _limit(query)
+    request = pb.ListTransactionsRequest(pipeline_id=_one(query, "pipeline"),
+                                         states=_states(query), page_size=limit)
+    older = _older_than(query, None)
+    if older is not None:
+        request.created_before_unix_ms = max(1, _now_ms() - int(older * 1000))
+    return list(reader.transactions(request, limit))
+
+
+def transaction_view(reader: Reader, txn_id: str) -> dict[str, Any]:
+    return txn_json(reader.call("GetTransaction", pb.GetTransactionRequest(txn_id=txn_id)))
+
+
+def pipeline_view(reader: Reader, pipeline_id: str) -> dict[str, Any]:
+    """As ``pipelines describe``: with the tables of its last committed batch and its live
+    attempts."""
+    pipeline = pipeline_json(reader.call("GetPipeline",
+                                         pb.GetPipelineRequest(pipeline_id=pipeline_id)))
+    live = list(reader.transactions(pb.ListTransactionsRequest(
+        pipeline_id=pipeline_id, states=UNFINISHED, page_size=MAX_LIMIT)))
+    tables: list[str] = []
+    if pipeline["last_committed_batch_id"] is not None:
+        for txn in reader.transactions(pb.ListTransactionsRequest(
+                pipeline_id=pipeline_id, generation=pipeline["generation"],
+                batch_id=pipeline["last_committed_batch_id"],
+                states=[pb.COMMITTED, pb.APPLIED])):
+            tables = [t["table"] for t in txn["tables"]]
+    return {**pipeline, "tables": tables, "live_attempts": live}
+
+
+def hanging_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
+    older = _older_than(query, 120.0)
+    assert older is not None
+    pipeline = _one(query, "pipeline")
+    unfinished = list(reader.transactions(pb.ListTransactionsRequest(
+        pipeline_id=pipeline, states=UNFINISHED, page_size=MAX_LIMIT)))
+    every = unfinished
+    if pipeline and any(t["waiting_for_table"] for t in unfinished):
+        every = list(reader.transactions(pb.ListTransactionsRequest(
+            states=UNFINISHED, page_size=MAX_LIMIT)))
+    return {"older_than_s": older, "pipeline_id": pipeline,
+            "transactions": find_hanging(unfinished, every, older)}
+
+
+# ---------------------------------------------------------------- HTML
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _link(path: str, label: Any) -> str:
+    return f'<a href="{_e(path)}">{_e(label)}</a>'
+
+
+def _txn_link(txn_id: str) -> str:
+    return _link("/transactions/" + urllib.parse.quote(txn_id, safe=""), txn_id)
+
+
+def _pipeline_link(pipeline_id: str) -> str:
+    return _link("/pipelines/" + urllib.parse.quote(pipeline_id, safe=""), pipeline_id)
+
+
+def _table(header: list[str], rows: list[list[str]], empty: str) -> str:
+    """``rows`` hold HTML already escaped (cells built with _e or the link helpers)."""
+    if not rows:
+        return f'<p class="empty">{_e(empty)}</p>'
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fields(pairs: list[tuple[str, str]]) -> str:
+    return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in pairs) + "</dl>"
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:0;color:#222}
+header{background:#1f3a5f;color:#fff;padding:.6em 1.2em}header a{color:#fff;margin-right:1.2em}
+main{padding:1em 1.2em}table{border-collapse:collapse;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#eef2f7}
+dl{display:grid;grid-template-columns:12em auto;gap:.2em 1em}dt{font-weight:600}dd{margin:0}
+.state{font-weight:600}.error{color:#a00}.empty{color:#666}form{margin:.5em 0 1em}
+form input{margin-right:.8em}"""
+
+
+def page(title: str, body: str) -> str:
+    nav = "".join(_link(path, label) for path, label in (
+        ("/", "Pipelines"), ("/transactions", "Transactions"), ("/hanging", "Hanging")))
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{_e(title)} - percolake</title><style>{_STYLE}</style></head><body>"
+            f"<header><strong>percolake</strong> &nbsp; {nav}</header>"
+            f"<main><h1>{_e(title)}</h1>{body}</main></body></html>")
+
+
+def _age(seconds: float | None) -> str:
+    return _e(age_text(seconds))
+
+
+def _txn_rows(txns: list[dict[str, Any]]) -> list[list[str]]:
+    return [[_txn_link(t["txn_id"]), _pipeline_link(t["pipeline_id"]), _e(t["generation"]),
+             _e(t["batch_id"]), _e(t["attempt"]), f'<span class="state">{_e(t["state"])}</span>',
+             _age(t["age_s"]), _e(t["created"]), _e(", ".join(x["table"] for x in t["tables"])),
+             _e(t["abort_reason"])] for t in txns]
+
+
+_TXN_HEADER = ["Transaction", "Pipeline", "Gen", "Batch", "Attempt", "State", "Age",
+               "Created (UTC)", "Tables", "Abort reason"]
+
+
+def pipelines_html(pipelines: list[dict[str, Any]]) -> str:
+    rows = [[_pipeline_link(p["pipeline_id"]), _e(p["generation"]), _e(p["epoch"]),
+             _e(p["query_id"]), _e(p["last_committed_batch_id"]), _e(p["last_commit"]),
+             _age(p["seconds_since_last_commit"]),
+             _link("/transactions?pipeline=" + urllib.parse.quote(p["pipeline_id"], safe=""),
+                   "transactions")] for p in pipelines]
+    return page("Pipelines", _table(
+        ["Pipeline", "Generation", "Epoch", "Query id", "Last batch", "Last commit (UTC)",
+         "Since", ""], rows, "no pipelines"))
+
+
+def transactions_html(txns: list[dict[str, Any]], query: dict[str, list[str]]) -> str:
+    form = ('<form method="get" action="/transactions">'
+            f'pipeline <input name="pipeline" value="{_e(_one(query, "pipeline"))}">'
+            f'state <input name="state" value="{_e(",".join(query.get("state", [])))}" '
+            'placeholder="OPEN,PREWRITTEN">'
+            f'older than <input name="older-than" value="{_e(_one(query, "older-than"))}" '
+            'placeholder="5m">'
+            f'limit <input name="limit" value="{_e(_one(query, "limit", "100"))}" size="5">'
+            '<input type="submit" value="Filter"></form>')
+    return page("Transactions", form + _table(_TXN_HEADER, _txn_rows(txns),
+                                              "no transactions match"))
+
+
+def transaction_html(txn: dict[str, Any]) -> str:
+    fields = _fields([
+        ("transaction", _e(txn["txn_id"])), ("state", _e(txn["state"])),
+        ("pipeline", _pipeline_link(txn["pipeline_id"])), ("generation", _e(txn["generation"])),
+        ("batch", _e(txn["batch_id"])), ("attempt", _e(txn["attempt"])),
+        ("epoch", _e(txn["epoch"])), ("query id", _e(txn["query_id"] or "(none)")),
+        ("principal", _e(txn["principal"] or "(none)")), ("created", _e(txn["created"])),
+        ("updated", _e(txn["updated"])), ("age", _age(txn["age_s"])),
+        ("start_ts", _e(txn["start_ts"])),
+        ("commit_ts", _e(f"{txn['commit_ts']} ({txn['committed']})" if txn["commit_ts"]
+                         else "(not committed)")),
+        ("waiting for table", _e(txn["waiting_for_table"] or "(none)")),
+        ("abort reason", _e(txn["abort_reason"] or "(none)"))])
+    tables = _table(
+        ["Table", "Mode", "Prewritten", "Files", "Rows", "Applied", "Delta version",
+         "Write location"],
+        [[_e(t["table"]), _e(t["mode"]), _e("yes" if t["prewritten"] else "no"),
+          _e(t["file_count"]), _e(t["row_count"]), _e("yes" if t["applied"] else "no"),
+          _e(t["delta_version"]), _e(t["write_location"])] for t in txn["tables"]],
+        "no tables")
+    return page(f"Transaction {txn['txn_id']}", fields + "<h2>Tables</h2>" + tables)
+
+
+def pipeline_html(pipeline: dict[str, Any]) -> str:
+    fields = _fields([
+        ("pipeline", _e(pipeline["pipeline_id"])), ("generation", _e(pipeline["generation"])),
+        ("epoch", _e(pipeline["epoch"])), ("query id", _e(pipeline["query_id"] or "(unbound)")),
+        ("created", _e(pipeline["created"])),
+        ("last batch", _e(pipeline["last_committed_batch_id"])),
+        ("last commit", _e(pipeline["last_commit"] or "(never)")),
+        ("since last commit", _age(pipeline["seconds_since_last_commit"])),
+        ("tables", _e(", ".join(pipeline["tables"]) or "(none)")),
+        ("transactions", _link("/transactions?pipeline=" + urllib.parse.quote(
+            pipeline["pipeline_id"], safe=""), "all of this pipeline's"))])
+    resets = _table(["From generation", "To generation", "When (UTC)", "Reason"],
+                    [[_e(r["from_generation"]), _e(r["to_generation"]), _e(r["reset"]),
+                      _e(r["reason"])] for r in pipeline["resets"]], "no resets")
+    live = _table(_TXN_HEADER, _txn_rows(pipeline["live_attempts"]), "no live attempt")
+    return page(f"Pipeline {pipeline['pipeline_id']}",
+                fields + "<h2>Live attempts</h2>" + live + "<h2>Resets</h2>" + resets)
+
+
+def hanging_html(found: dict[str, Any]) -> str:
+    rows = []
+    for txn in found["transactions"]:
+        wait = txn["waiting_for"]
+        holder = "" if wait is None else (
+            _txn_link(wait["holder_txn_id"]) + _e(f" ({wait['holder_pipeline_id']}, "
+                                                  f"{wait['holder_state']})")
+            if wait["holder_txn_id"] else _e("(released)"))
+        rows.append([_txn_link(txn["txn_id"]), _pipeline_link(txn["pipeline_id"]),
+                     _e(txn["batch_id"]), _e(txn["state"]), _age(txn["age_s"]),
+                     _e(", ".join(t["table"] for t in txn["tables"])),
+                     _e(wait["table"] if wait else ""), holder])
+    intro = (f"<p>Transactions OPEN, PREWRITTEN, or COMMITTED but not yet applied, created "
+             f"longer ago than {_age(found['older_than_s'])} (change with "
+             "<code>?older-than=30s</code>).</p>")
+    return page("Hanging transactions", intro + _table(
+        ["Transaction", "Pipeline", "Batch", "State", "Age", "Holds", "Waiting for", "Held by"],
+        rows, "no hanging transaction"))
+
+
+def error_html(error: WebError) -> str:
+    body = f'<p class="error">{_e(error)}</p>'
+    if error.leader:
+        body += f"<p>The leader is at <code>{_e(error.leader)}</code>.</p>"
+    return page(f"Error {error.status}", body)
+
+
+# ---------------------------------------------------------------- routing and serving
+
+def route(reader: Reader, path: str, query: dict[str, list[str]]) -> tuple[Any, Callable[[], str]]:
+    """(the JSON data, its HTML page) of ``path`` without the ``/api`` prefix."""
+    if path in ("/", "/pipelines"):
+        pipelines = pipelines_view(reader, query)
+        return pipelines, lambda: pipelines_html(pipelines)
+    if path == "/transactions":
+        txns = transactions_view(reader, query)
+        return txns, lambda: transactions_html(txns, query)
+    if path == "/hanging":
+        found = hanging_view(reader, query)
+        return found, lambda: hanging_html(found)
+    for prefix, view, render in (("/transactions/", transaction_view, transaction_html),
+                                 ("/pipelines/", pipeline_view, pipeline_html)):
+        if path.startswith(prefix) and len(path) > len(prefix):
+            data = view(reader, urllib.parse.unquote(path[len(prefix):]))
+            return data, lambda data=data, render=render: render(data)
+    raise WebError(404, f"no page {path}; see /, /transactions, /hanging and /api/...")
+
+
+class WebServer:
+    """The web view on ``host:port`` (0: a free port); ``cores`` gives the running core
+    provider (None while starting); ``credentials`` None: no authentication."""
+
+    def __init__(self, host: str, port: int, cores: Callable[[], CoreProvider | None],
+                 credentials: Credentials | None) -> None:
+        handler = type("Handler", (_Handler,), {"cores": staticmethod(cores),
+                                                "credentials": credentials})
+        server_class = type("Server", (ThreadingHTTPServer,), {
+            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET,
+            "daemon_threads": True})
+        self._server = server_class((host, port), handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="web",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    cores: Callable[[], CoreProvider | None]
+    credentials: Credentials | None
+    server_version = "percolake-web"
+    sys_version = ""
+
+    def do_GET(self) -> None:  # noqa: N802
+        parts = urllib.parse.urlsplit(self.path)
+        path = parts.path
+        is_api = path == "/api" or path.startswith("/api/")
+        if is_api:
+            path = path[len("/api"):] or "/"
+        query = urllib.parse.parse_qs(parts.query)
+        try:
+            reader = Reader(self.cores(), self.credentials, self._principal())
+            data, render = route(reader, path, query)
+        except WebError as exc:
+            self._error(exc, is_api)
+            return
+        except InvalidArgument as exc:
+            self._error(WebError(400, str(exc)), is_api)
+            return
+        except Exception as exc:  # a bug: loud in the log, a 500 to the browser
+            log.exception("web view failed", extra={"path": parts.path})
+            self._error(WebError(500, f"{type(exc).__name__}: {exc}"), is_api)
+            return
+        if is_api:
+            self._send(200, "application/json", json.dumps(data))
+        else:
+            self._send(200, "text/html; charset=utf-8", render())
+
+    def _principal(self) -> str | None:
+        if self.credentials is None:
+            return None
+        value = self.headers.get("Authorization", "")
+        scheme, _, token = value.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise WebError(401, "send the header 'Authorization: Bearer <token>' "
+                           "(the coordinator authenticates callers)")
+        principal = self.credentials.principal_of(token)
+        if principal is not None:
+            return principal
+        if not self.credentials.loaded:
+            raise WebError(503, "the coordinator has not loaded its tokens yet; retry")
+        raise WebError(401, "unknown or revoked bearer token")
+
+    def _error(self, error: WebError, is_api: bool) -> None:
+        extra = {"WWW-Authenticate": 'Bearer realm="percolake"'} if error.status == 401 else {}
+        if error.leader:
+            extra["X-Percolake-Leader"] = error.leader
+        if is_api:
+            self._send(error.status, "application/json", json.dumps(
+                {"error": str(error), "status": error.status, "leader": error.leader}), extra)
+        else:
+            self._send(error.status, "text/html; charset=utf-8", error_html(error), extra)
+
+    def _send(self, status: int, content_type: str, text: str,
+              extra: dict[str, str] | None = None) -> None:
+        body = text.encode()
+        self.send_response(status)
+        for name, value in {**_HEADERS, **(extra or {}), "Content-Type": content_type,
+                            "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("web request", extra={"request": format % args})

@@ -1,0 +1,314 @@
+"""The web view (serve --http-port, docs/operations.md) of a real daemon with real
+transactions: every page and /api endpoint over HTTP, the filters, escaping, authentication,
+and every page loaded in headless Chromium with a screenshot kept as an artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.launcher import DaemonProcess
+from percolake.v1 import coordinator_pb2 as pb
+from tests.daemon_support import apply_all, table_write, unique, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+EVIL = "<script>alert('x')</script>"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get(url: str, token: str = "") -> tuple[int, dict[str, str], str]:
+    """(status, headers, body) of a GET, errors included."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}
+                                     if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, dict(reply.headers), reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def get_json(url: str, token: str = "") -> Any:
+    status, headers, body = get(url, token)
+    assert status == 200, f"{url}: expected 200, got {status}: {body}"
+    assert headers["Content-Type"] == "application/json"
+    return json.loads(body)
+
+
+def get_html(url: str) -> str:
+    status, headers, body = get(url)
+    assert status == 200, f"{url}: expected 200, got {status}: {body}"
+    assert headers["Content-Type"].startswith("text/html")
+    return body
+
+
+class Scene:
+    """A daemon with --http-port and: an applied batch, a live (PREWRITTEN) transaction, and
+    an aborted one whose pipeline id and abort reason carry markup."""
+
+    def __init__(self, daemon: Any, port: int) -> None:
+        self.daemon = daemon
+        self.url = f"http://127.0.0.1:{port}"
+        stub = daemon.stub
+        self.pipeline = unique("web")
+        self.table = str(daemon.warehouse / unique("t"))
+        self.query_id = str(uuid.uuid4())
+        self.epoch = stub.RegisterPipeline(pb.RegisterPipelineRequest(
+            pipeline_id=self.pipeline, query_id=self.query_id), timeout=30).pipeline.epoch
+        self.applied = stub.OpenTransaction(pb.OpenTransactionRequest(
+            pipeline_id=self.pipeline, batch_id=0, epoch=self.epoch, query_id=self.query_id),
+            timeout=30).transaction.txn_id
+        stub.Prewrite(pb.PrewriteRequest(txn_id=self.applied, epoch=self.epoch, writes=[
+            table_write(self.table, self.applied, files=2, rows=3)]), timeout=30)
+        stub.CommitTransaction(pb.CommitTransactionRequest(txn_id=self.applied,
+                                                           epoch=self.epoch), timeout=30)
+        versions = apply_all(stub, self.applied)
+        assert stub.ReportApplied(pb.ReportAppliedRequest(
+            txn_id=self.applied, epoch=self.epoch, tables=[
+                pb.AppliedTable(table=t, delta_version=v) for t, v in versions.items()]),
+            timeout=30).transaction.state == pb.APPLIED
+        self.live_pipeline = unique("web-live")
+        self.live = self._open(self.live_pipeline, 0)
+        stub.Prewrite(pb.PrewriteRequest(txn_id=self.live, writes=[
+            table_write(str(daemon.warehouse / unique("t")), self.live)]), timeout=30)
+        self.evil_pipeline = unique(EVIL)
+        self.aborted = self._open(self.evil_pipeline, 0)
+        stub.AbortTransaction(pb.AbortTransactionRequest(txn_id=self.aborted, reason=EVIL),
+                              timeout=30)
+
+    def _open(self, pipeline: str, batch: int) -> str:
+        return self.daemon.stub.OpenTransaction(pb.OpenTransactionRequest(
+            pipeline_id=pipeline, batch_id=batch), timeout=30).transaction.txn_id
+
+    def pages(self) -> dict[str, str]:
+        """Each HTML page with a text it must show."""
+        quote = urllib.parse.quote
+        return {"/": self.pipeline,
+                f"/transactions?pipeline={quote(self.pipeline)}": self.applied,
+                f"/transactions/{self.applied}": self.applied,
+                f"/pipelines/{quote(self.pipeline, safe='')}": self.pipeline,
+                "/hanging?older-than=0s": self.live}
+
+
+@pytest.fixture(scope="module")
+def scene(daemon_factory) -> Any:
+    port = _free_port()
+    daemon = daemon_factory.start(["--http-port", str(port)], name="web")
+    wait_for(lambda: _reachable(f"http://127.0.0.1:{port}/api/pipelines"), 15, "the web view")
+    yield Scene(daemon, port)
+    daemon.stop()
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return get(url)[0] == 200
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- JSON endpoints
+
+def test_api_lists_pipelines_and_filters_transactions(scene):
+    pipelines = {p["pipeline_id"]: p for p in get_json(scene.url + "/api/pipelines")}
+    assert pipelines[scene.pipeline]["last_committed_batch_id"] == 0
+    quote = urllib.parse.quote
+    mine = get_json(f"{scene.url}/api/transactions?pipeline={quote(scene.pipeline)}")
+    assert [(t["txn_id"], t["state"]) for t in mine] == [(scene.applied, "APPLIED")]
+    live = get_json(scene.url + "/api/transactions?state=PREWRITTEN&state=OPEN")
+    assert scene.live in {t["txn_id"] for t in live}
+    assert all(t["state"] in ("PREWRITTEN", "OPEN") for t in live)
+    assert get_json(scene.url + "/api/transactions?older-than=1h") == []
+    assert len(get_json(scene.url + "/api/transactions?limit=1")) == 1
+
+
+def test_api_describes_a_transaction_with_its_tables_and_versions(scene):
+    txn = get_json(f"{scene.url}/api/transactions/{scene.applied}")
+    assert txn["txn_id"] == scene.applied and txn["state"] == "APPLIED"
+    assert txn["pipeline_id"] == scene.pipeline and txn["generation"] == 0
+    assert txn["epoch"] == scene.epoch >= 1 and txn["query_id"] == scene.query_id
+    assert txn["commit_ts"] > txn["start_ts"] > 0 and txn["created"] and txn["updated"]
+    [table] = txn["tables"]
+    assert table["file_count"] == 2 and table["row_count"] == 6
+    assert table["applied"] and table["delta_version"] == 0 and table["write_location"]
+    assert table["table"].endswith(Path(scene.table).name)
+
+
+def test_api_describes_a_pipeline_and_finds_the_hanging_transaction(scene):
+    pipeline = get_json(f"{scene.url}/api/pipelines/{urllib.parse.quote(scene.pipeline)}")
+    assert pipeline["pipeline_id"] == scene.pipeline and pipeline["live_attempts"] == []
+    assert pipeline["tables"] and pipeline["tables"][0].endswith(Path(scene.table).name)
+    found = get_json(scene.url + "/api/hanging?older-than=0s")
+    ids = {t["txn_id"] for t in found["transactions"]}
+    assert scene.live in ids and scene.applied not in ids and scene.aborted not in ids
+    assert scene.live not in {t["txn_id"] for t in get_json(
+        scene.url + "/api/hanging")["transactions"]}  # default threshold 2m: too young
+
+
+def test_bad_requests_are_refused_with_the_reason(scene):
+    for path, status, words in (
+            ("/api/transactions?state=DONE", 400, "state must be"),
+            ("/api/transactions?limit=0", 400, "limit must be"),
+            ("/api/transactions?older-than=soon", 400, "older-than"),
+            ("/api/transactions/no-such-txn", 404, "no-such-txn"),
+            ("/api/pipelines/no-such-pipeline", 404, "no-such-pipeline"),
+            ("/nowhere", 404, "no page")):
+        got, _, body = get(scene.url + path)
+        assert got == status, f"{path}: expected {status}, got {got}: {body}"
+        assert words in body, f"{path}: {words!r} not in {body!r}"
+    request = urllib.request.Request(scene.url + "/", method="POST", data=b"x")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 501  # read-only: only GET is answered
+
+
+# ---------------------------------------------------------------- HTML
+
+def test_every_html_page_shows_its_data(scene):
+    for path, text in scene.pages().items():
+        body = get_html(scene.url + path)
+        assert text in body, f"{path}: {text!r} not on the page"
+    detail = get_html(f"{scene.url}/transactions/{scene.applied}")
+    assert "APPLIED" in detail and scene.pipeline in detail and "Write location" in detail
+    hanging = get_html(scene.url + "/hanging?older-than=0s")
+    assert "PREWRITTEN" in hanging
+
+
+def test_markup_in_ids_and_reasons_is_escaped(scene):
+    escaped = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
+    quote = urllib.parse.quote
+    for path in (f"/transactions/{scene.aborted}", "/transactions?state=ABORTED",
+                 f"/pipelines/{quote(scene.evil_pipeline, safe='')}", "/"):
+        body = get_html(scene.url + path)
+        assert "<script" not in body, f"{path}: an unescaped <script> tag"
+        assert escaped in body, f"{path}: the escaped markup is not shown"
+    status, headers, _ = get(scene.url + "/")
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+
+
+# ---------------------------------------------------------------- authentication
+
+def _cli(*args: str) -> Any:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    done = subprocess.run([sys.executable, "-m", "coordinator", *args, "--json"],
+                          capture_output=True, text=True, timeout=90, cwd=ROOT, env=env)
+    assert done.returncode == 0, f"{args}: exit {done.returncode}: {done.stderr}"
+    return json.loads(done.stdout) if done.stdout.strip() else None
+
+
+def test_with_authenticate_pages_need_a_bearer_token_and_the_rpcs_permission(
+        daemon_factory, tmp_path):
+    port = _free_port()
+    admin_file = tmp_path / "admin.token"
+    daemon = daemon_factory.start(["--authenticate", "--open-health", "--admin-token-file",
+                                   str(admin_file), "--http-port", str(port)], name="web-auth")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        admin = ["--target", daemon.target, "--token-file", str(admin_file)]
+        for path in ("/", "/api/pipelines", "/api/hanging", "/transactions"):
+            status, headers, body = get(url + path)
+            assert status == 401, f"{path} without a token: expected 401, got {status}"
+            assert headers["WWW-Authenticate"].startswith("Bearer") and "Bearer" in body
+        assert get(url + "/api/pipelines", "plk_0123456789abcdef_" + "x" * 43)[0] == 401
+        assert get_json(url + "/api/pipelines", admin_file.read_text().strip()) == []
+        bob = _cli("tokens", "create", "--principal", "bob", *admin)["bearer_token"]
+        _cli("acl", "add", "--principal", "bob", "--pipeline", "*", "--permission",
+             "DESCRIBE", *admin)
+        status, _, body = get(url + "/api/pipelines", bob)  # ListPipelines needs ADMIN '*'
+        assert status == 403 and "ADMIN" in body, body
+        assert get(url + "/api/transactions?pipeline=p", bob)[0] == 200  # DESCRIBE suffices
+    finally:
+        daemon.stop()
+
+
+# ---------------------------------------------------------------- high availability
+
+def test_a_standby_answers_503_naming_the_leader(tmp_path, pg_dsn):
+    """Two daemons on one PostgreSQL store: the leader's view serves, the standby's names the
+    leader (in the body and the X-Percolake-Leader header)."""
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    started: list[DaemonProcess] = []
+    try:
+        urls = []
+        for name, serving in (("leader", True), ("standby", False)):
+            port, http_port = _free_port(), _free_port()
+            daemon = DaemonProcess(tmp_path / name, [str(warehouse)], extra_args=[
+                "--store", pg_dsn, "--advertise", f"127.0.0.1:{port}", "--lease-s", "1.5",
+                "--shutdown-grace", "2", "--http-port", str(http_port)])
+            daemon.port = port
+            started.append(daemon.start(serving=serving))
+            urls.append(f"http://127.0.0.1:{http_port}")
+        leader, _ = started
+        assert get_json(urls[0] + "/api/pipelines") == []
+        for path, is_api in (("/api/transactions", True), ("/hanging", False)):
+            status, headers, body = get(urls[1] + path)
+            assert status == 503, f"standby {path}: expected 503, got {status}: {body}"
+            assert headers["X-Percolake-Leader"] == leader.target
+            assert leader.target in body and "standby" in body
+            if is_api:
+                assert json.loads(body)["leader"] == leader.target
+    finally:
+        for daemon in started:
+            daemon.stop(timeout_s=10)
+
+
+# ---------------------------------------------------------------- a real browser
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the pages "
+                "were not checked in a browser")
+
+
+def _chromium_run(binary: str, *args: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        return subprocess.run(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
+             "--window-size=1280,900", *args],
+            capture_output=True, text=True, timeout=120)
+
+
+def test_every_page_renders_in_headless_chromium(scene, tmp_path_factory):
+    binary = _chromium()
+    artifacts = tmp_path_factory.mktemp("web-screenshots")
+    print(f"web view screenshots in {artifacts}")
+    for index, (path, text) in enumerate(scene.pages().items()):
+        page = scene.url + path
+        dom = _chromium_run(binary, "--dump-dom", page)
+        assert dom.returncode == 0, f"{page}: chromium exit {dom.returncode}: {dom.stderr}"
+        assert text in dom.stdout, f"{page}: {text!r} not in the rendered DOM"
+        assert "<table>" in dom.stdout or "<dl>" in dom.stdout
+        name = path.strip("/").split("?")[0].replace("/", "_") or "index"
+        shot = artifacts / f"{index}-{name}.png"
+        done = _chromium_run(binary, f"--screenshot={shot}", page)
+        assert done.returncode == 0 and shot.exists(), f"{page}: no screenshot: {done.stderr}"
+        data = shot.read_bytes()
+        assert data.startswith(PNG_SIGNATURE), f"{shot} is not a PNG"
+        assert len(data) > 5000, f"{shot} is only {len(data)} bytes: an empty page?"
+    evil = _chromium_run(binary, "--dump-dom", f"{scene.url}/transactions/{scene.aborted}")
+    assert evil.returncode == 0 and scene.aborted in evil.stdout, evil.stderr
+    assert "<script" not in evil.stdout and "&lt;script&gt;" in evil.stdout  # text, no element
