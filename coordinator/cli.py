@@ -18,9 +18,9 @@ import sys
 
 from coordinator import limits, ops_cli
 from coordinator.auth import cli as auth_cli
+from coordinator.client_commands import client_follower
 from coordinator.core import CoordinatorConfig
 from percolake.credentials import add_client_arguments
-from percolake.leader import LeaderFollower
 
 DEFAULT_PORT = 50051
 
@@ -226,22 +226,6 @@ def _serve(args: argparse.Namespace) -> int:
                             http_port=args.http_port,
                             **auth_cli.option_fields(args))
     return serve_forever(args.data_dir, config, options, args.port_file)
-
-
-def client_follower(args: argparse.Namespace) -> LeaderFollower:
-    """The leader-following client of a command with ``--target`` and the flags of
-    :func:`percolake.credentials.add_client_arguments` (the environment filling the rest).
-
-    Raises:
-        ValueError: ``--target`` is not HOST:PORT[,...], or a security setting is unusable.
-    """
-    import functools
-
-    from percolake.credentials import security_from_args
-    from percolake.leader import default_channel
-
-    security = security_from_args(args)
-    return LeaderFollower(args.target, functools.partial(default_channel, security=security))
 
 
 def _reset(args: argparse.Namespace) -> int:

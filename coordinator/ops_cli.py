@@ -11,17 +11,15 @@ import argparse
 import datetime as dt
 import json
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from coordinator.client_commands import Call, add_common_arguments, run_calls
 from coordinator.hanging import find_hanging
 from coordinator.oracle import LOGICAL_BITS, wall_ms_of
-from percolake.credentials import add_client_arguments
 from percolake.v1 import coordinator_pb2 as pb
 
-CALL_TIMEOUT_S = 30.0
 STATES = ("OPEN", "PREWRITTEN", "COMMITTED", "APPLIED", "ABORTED")
 # Live: holding its tables. COMMITTED: decided, but not yet applied to every Delta table.
 UNFINISHED = (pb.OPEN, pb.PREWRITTEN, pb.COMMITTED)
@@ -60,16 +58,6 @@ def as_of(text: str) -> int:
 
 # ---------------------------------------------------------------- parsers
 
-def _common(parser: argparse.ArgumentParser, default_target: str) -> None:
-    parser.add_argument("--target", default=default_target,
-                        help="coordinator address HOST:PORT, or several separated by commas "
-                        "(h1:50051,h2:50051): each request follows the leader, retried for "
-                        "up to 30 s")
-    parser.add_argument("--json", action="store_true",
-                        help="print JSON (for scripts) instead of a readable table")
-    add_client_arguments(parser)
-
-
 def add_commands(commands: Any, default_target: str) -> None:
     """Adds ``transactions``, ``pipelines`` and ``snapshot`` to the top-level subparsers."""
     txns = commands.add_parser(
@@ -88,7 +76,7 @@ def add_commands(commands: Any, default_target: str) -> None:
                          help="only transactions created longer ago than this (90s, 5m, 1h)")
     listing.add_argument("--limit", type=_positive_int, default=100,
                          help="show at most this many transactions")
-    _common(listing, default_target)
+    add_common_arguments(listing, default_target)
 
     describe = actions.add_parser(
         "describe", help="show one transaction in full",
@@ -96,7 +84,7 @@ def add_commands(commands: Any, default_target: str) -> None:
         "epoch, query id, timings, and per table its write location, file and row counts, "
         "and the Delta version it produced once applied.")
     describe.add_argument("txn_id", metavar="TXN_ID", help="the transaction id")
-    _common(describe, default_target)
+    add_common_arguments(describe, default_target)
 
     abort = actions.add_parser(
         "abort", help="abort a live (OPEN or PREWRITTEN) transaction",
@@ -105,7 +93,7 @@ def add_commands(commands: Any, default_target: str) -> None:
         "Aborting another principal's transaction needs ADMIN on its pipeline.")
     abort.add_argument("txn_id", metavar="TXN_ID", help="the transaction id")
     abort.add_argument("--reason", required=True, help="why; recorded as its abort reason")
-    _common(abort, default_target)
+    add_common_arguments(abort, default_target)
 
     hanging = actions.add_parser(
         "find-hanging", help="live or committed-but-unapplied transactions past a threshold",
@@ -116,7 +104,7 @@ def add_commands(commands: Any, default_target: str) -> None:
     hanging.add_argument("--older-than", type=duration, default=120.0, metavar="DURATION",
                          help="age threshold (90s, 2m, 1h); default 2m")
     hanging.add_argument("--pipeline", default="", help="only this pipeline's transactions")
-    _common(hanging, default_target)
+    add_common_arguments(hanging, default_target)
 
     pipes = commands.add_parser(
         "pipelines", help="list or describe pipelines",
@@ -126,14 +114,14 @@ def add_commands(commands: Any, default_target: str) -> None:
         "list", help="list every pipeline",
         description="List every pipeline with its generation, epoch, query id and last "
         "commit. Needs ADMIN on every pipeline when the coordinator authenticates callers.")
-    _common(plist, default_target)
+    add_common_arguments(plist, default_target)
     pdescribe = pipe_actions.add_parser(
         "describe", help="show one pipeline in full",
         description="Show one pipeline: generation, epoch, query id, last committed batch "
         "and when, its tables (those of the last committed batch), its live attempts and its "
         "resets.")
     pdescribe.add_argument("pipeline_id", metavar="PIPELINE", help="the pipeline id")
-    _common(pdescribe, default_target)
+    add_common_arguments(pdescribe, default_target)
 
     snap = commands.add_parser(
         "snapshot", help="a consistent Delta version per table",
@@ -143,7 +131,7 @@ def add_commands(commands: Any, default_target: str) -> None:
     snap.add_argument("--as-of", type=as_of, metavar="TS",
                       help="time travel: a commit_ts, or a UTC time like "
                       "2026-11-26T00:40:00Z (the state after every commit up to then)")
-    _common(snap, default_target)
+    add_common_arguments(snap, default_target)
 
 
 def _positive_int(text: str) -> int:
@@ -157,32 +145,13 @@ def _positive_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs one operating command; 0 done, 1 the coordinator refused, 2 bad settings."""
-    import grpc
-
-    from coordinator.cli import client_follower
-
     name = " ".join(filter(None, [args.command, getattr(args, "action", "")]))
-    try:
-        follower = client_follower(args)
-    except ValueError as exc:
-        print(f"{name} failed: {exc}", file=sys.stderr)
-        return 2
 
-    def call(method: str, request: Any) -> Any:
-        return follower.call(method, request, timeout_s=CALL_TIMEOUT_S, retry_s=CALL_TIMEOUT_S)
+    def work(call: Call) -> str:
+        as_json, table = _HANDLERS[name](args, call)
+        return json.dumps(as_json, indent=None) if args.json else table
 
-    try:
-        result = _HANDLERS[name](args, call)
-    except grpc.RpcError as exc:
-        print(f"{name} failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
-    finally:
-        follower.close()
-    print(json.dumps(result[0], indent=None) if args.json else result[1])
-    return 0
-
-
-Call = Callable[[str, Any], Any]
+    return run_calls(name, args, work)
 
 
 def _now_ms() -> int:

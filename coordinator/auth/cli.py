@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from percolake.credentials import add_client_arguments
+from coordinator.client_commands import add_common_arguments, run_calls
 
 PERMISSIONS = ("WRITE", "DESCRIBE", "ADMIN", "READ")
-CALL_TIMEOUT_S = 30.0
 
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -42,15 +41,6 @@ def option_fields(args: argparse.Namespace) -> dict[str, Any]:
             "audit_log": args.audit_log, "admin_token_file": args.admin_token_file}
 
 
-def _common(parser: argparse.ArgumentParser, default_target: str) -> None:
-    parser.add_argument("--target", default=default_target,
-                        help="coordinator address HOST:PORT, or several separated by commas: "
-                        "the request follows the leader, retried for up to 30 s")
-    parser.add_argument("--json", action="store_true",
-                        help="print JSON instead of a table")
-    add_client_arguments(parser)
-
-
 def add_commands(commands: Any, default_target: str) -> None:
     acl = commands.add_parser(
         "acl", help="add, remove or list permissions (ACL entries)",
@@ -69,7 +59,7 @@ def add_commands(commands: Any, default_target: str) -> None:
                        "or '*'")
     acl.add_argument("--permission", choices=PERMISSIONS, type=str.upper,
                      help="WRITE, DESCRIBE or ADMIN on pipelines; WRITE or READ on tables")
-    _common(acl, default_target)
+    add_common_arguments(acl, default_target)
 
     tokens = commands.add_parser(
         "tokens", help="create, revoke or list bearer tokens",
@@ -85,7 +75,7 @@ def add_commands(commands: Any, default_target: str) -> None:
                         help="revoke: the token's id, as list shows it")
     tokens.add_argument("--all", action="store_true",
                         help="list: revoked tokens too")
-    _common(tokens, default_target)
+    add_common_arguments(tokens, default_target)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,24 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace, name: str, method: str, request: Any,
           show: Callable[[Any, bool], str]) -> int:
-    import grpc
-
-    from coordinator.cli import client_follower
-
-    try:
-        follower = client_follower(args)
-    except ValueError as exc:
-        print(f"{name} failed: {exc}", file=sys.stderr)
-        return 2
-    try:
-        reply = follower.call(method, request, timeout_s=CALL_TIMEOUT_S, retry_s=CALL_TIMEOUT_S)
-    except grpc.RpcError as exc:
-        print(f"{name} failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
-    finally:
-        follower.close()
-    print(show(reply, args.json))
-    return 0
+    return run_calls(name, args, lambda call: show(call(method, request), args.json))
 
 
 def _acl_call(args: argparse.Namespace, pb: Any) -> tuple[str, Any, Callable[[Any, bool], str]]:
