@@ -14,7 +14,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+# Tests start children (PostgreSQL, Spark workers) while gRPC threads are busy; gRPC's fork
+# handlers are for children that use gRPC, which ours never do (they exec at once).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -122,7 +122,8 @@ class PostgresServer:
         self.port = self.port or free_port()
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                [str(binaries() / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+                [*self._owner_prefix(), str(binaries() / "postgres"), "-D", str(self.data_dir),
+                 "-p", str(self.port),
                  "-h", "127.0.0.1", "-k", str(self.socket_dir), "-c", "fsync=on",
                  "-c", "synchronous_commit=on", "-c", "full_page_writes=on",
                  "-c", "max_connections=300", "-c", "logging_collector=off"],
@@ -182,12 +183,23 @@ class PostgresServer:
 
     # ------------------------------------------------------------------ internals
 
+    def _owner_prefix(self) -> list[str]:
+        """The command prefix that runs a child as the unprivileged account (as root).
+
+        ``setpriv`` rather than Popen's ``user=``: with ``user=`` Python forks instead of
+        vforking, and in a process with busy gRPC threads (a test restarting PostgreSQL under
+        load) the child then runs gRPC's fork handlers and can crash before it execs.
+        """
+        if self._account is None:
+            return []
+        return ["setpriv", f"--reuid={self._account.pw_uid}",
+                f"--regid={self._account.pw_gid}", "--clear-groups"]
+
     def _as_owner(self) -> dict:
-        """subprocess arguments that run a child as the unprivileged account (as root)."""
+        """subprocess arguments for a child run through :meth:`_owner_prefix`."""
         if self._account is None:
             return {}
-        return {"user": self._account.pw_uid, "group": self._account.pw_gid,
-                "extra_groups": [], "cwd": self.socket_dir,
+        return {"cwd": self.socket_dir,
                 "env": {**os.environ, "HOME": str(self.socket_dir),
                         "TMPDIR": str(self.socket_dir), "LC_ALL": "C"}}
 
@@ -203,7 +215,8 @@ class PostgresServer:
             if not link.exists():
                 link.symlink_to(self.data_dir, target_is_directory=True)
         done = subprocess.run(
-            [str(binaries() / "initdb"), "-D", str(self.data_dir), "-U", USER, "--auth=trust",
+            [*self._owner_prefix(), str(binaries() / "initdb"), "-D", str(self.data_dir),
+             "-U", USER, "--auth=trust",
              "--encoding=UTF8", "--locale=C", "--no-instructions"],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, **self._as_owner())
         if done.returncode != 0:
