@@ -47,22 +47,12 @@ from coordinator.store.base import (
     TableCommit,
     TxnQuery,
 )
-from coordinator.store.schema import migrate_postgres
+from coordinator.store.schema import PIPELINE_COLUMNS, SELECT_TXN, TXN_COLUMNS, migrate_postgres
 from percolake.errors import NotLeader, StoreConflict, StoreUnavailable
 from percolake.records import PipelineRecord, TxnRecord
 
 T = TypeVar("T")
 
-_TXN_COLUMNS = (
-    "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
-    "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
-    "principal",
-)
-_PIPELINE_COLUMNS = (
-    "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
-    "row_version",
-)
-_SELECT_TXN = f"SELECT {', '.join(_TXN_COLUMNS)} FROM transactions"
 _UNFINISHED = ", ".join(f"'{s.value}'" for s in UNFINISHED_STATES)
 _BEGIN_FENCED = "BEGIN; SELECT epoch FROM leader_lease WHERE id = 1 FOR KEY SHARE"
 _READ_LEASE = ("SELECT holder, epoch, address, "
@@ -362,20 +352,20 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ pipelines
 
     def load_pipelines(self) -> list[PipelineRecord]:
-        rows = self._read(f"SELECT {', '.join(_PIPELINE_COLUMNS)} FROM pipelines "
+        rows = self._read(f"SELECT {', '.join(PIPELINE_COLUMNS)} FROM pipelines "
                           "ORDER BY pipeline_id", dicts=True)
         return [PipelineRecord.from_row(r) for r in rows]
 
     def insert_pipeline(self, record: PipelineRecord) -> None:
         count = self._write(
-            f"INSERT INTO pipelines ({', '.join(_PIPELINE_COLUMNS)}) "
-            f"VALUES ({', '.join(f'%({c})s' for c in _PIPELINE_COLUMNS)}) "
+            f"INSERT INTO pipelines ({', '.join(PIPELINE_COLUMNS)}) "
+            f"VALUES ({', '.join(f'%({c})s' for c in PIPELINE_COLUMNS)}) "
             "ON CONFLICT DO NOTHING", record.to_row())
         if count != 1:
             raise StoreConflict(f"pipeline {record.pipeline_id} exists")
 
     def update_pipeline(self, record: PipelineRecord) -> None:
-        self._compare_and_set("pipelines", "pipeline_id", _PIPELINE_COLUMNS, record,
+        self._compare_and_set("pipelines", "pipeline_id", PIPELINE_COLUMNS, record,
                               f"pipeline {record.pipeline_id}")
 
     def _compare_and_set(self, table: str, key: str, columns: Sequence[str],
@@ -396,19 +386,19 @@ class PostgresStore(Store):
 
     def insert_txn(self, record: TxnRecord) -> None:
         count = self._write(
-            f"INSERT INTO transactions ({', '.join(_TXN_COLUMNS)}) "
-            f"VALUES ({', '.join(f'%({c})s' for c in _TXN_COLUMNS)}) ON CONFLICT DO NOTHING",
+            f"INSERT INTO transactions ({', '.join(TXN_COLUMNS)}) "
+            f"VALUES ({', '.join(f'%({c})s' for c in TXN_COLUMNS)}) ON CONFLICT DO NOTHING",
             record.to_row())
         if count != 1:
             raise StoreConflict(f"transaction {record.txn_id} exists (or its start_ts "
                                 f"{record.start_ts} is taken)")
 
     def update_txn(self, record: TxnRecord) -> None:
-        self._compare_and_set("transactions", "txn_id", _TXN_COLUMNS, record,
+        self._compare_and_set("transactions", "txn_id", TXN_COLUMNS, record,
                               f"transaction {record.txn_id}")
 
     def _txns(self, where: str, params: Sequence = (), tail: str = "") -> list[TxnRecord]:
-        rows = self._read(f"{_SELECT_TXN} WHERE {where} {tail}", params, dicts=True)
+        rows = self._read(f"{SELECT_TXN} WHERE {where} {tail}", params, dicts=True)
         return [TxnRecord.from_row(r) for r in rows]
 
     def get_txn(self, txn_id: str) -> TxnRecord | None:

@@ -18,6 +18,18 @@ from coordinator.store.base import StoreSchemaError
 if TYPE_CHECKING:  # psycopg is loaded only by the PostgreSQL store
     import psycopg
 
+# The record columns both SQL stores read and write, in the order of their tables.
+TXN_COLUMNS = (
+    "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
+    "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
+    "principal",
+)
+PIPELINE_COLUMNS = (
+    "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
+    "row_version",
+)
+SELECT_TXN = f"SELECT {', '.join(TXN_COLUMNS)} FROM transactions"
+
 MIGRATION_LOCK = 0x7065_7263_6F6C_616B  # "percolak": pg_advisory_xact_lock key (a bigint)
 
 

@@ -24,7 +24,13 @@ from pathlib import Path
 
 from coordinator.auth.records import AclRecord, TokenRecord
 from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
-from coordinator.store.schema import SQLITE_MIGRATIONS, refuse_newer
+from coordinator.store.schema import (
+    PIPELINE_COLUMNS,
+    SELECT_TXN,
+    SQLITE_MIGRATIONS,
+    TXN_COLUMNS,
+    refuse_newer,
+)
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, TxnRecord
 
@@ -85,16 +91,6 @@ CREATE INDEX IF NOT EXISTS table_commits_unapplied
     ON table_commits (table_uri, commit_ts) WHERE delta_version IS NULL;
 """
 
-_TXN_COLUMNS = (
-    "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
-    "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
-    "principal",
-)
-_PIPELINE_COLUMNS = (
-    "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
-    "row_version",
-)
-_SELECT_TXN = f"SELECT {', '.join(_TXN_COLUMNS)} FROM transactions"
 
 
 class SqliteStore(Store):
@@ -246,15 +242,15 @@ class SqliteStore(Store):
                 self._commit_group_or_stop()
 
     def load_pipelines(self) -> list[PipelineRecord]:
-        rows = self._read(f"SELECT {', '.join(_PIPELINE_COLUMNS)} FROM pipelines")
+        rows = self._read(f"SELECT {', '.join(PIPELINE_COLUMNS)} FROM pipelines")
         return [PipelineRecord.from_row(dict(r)) for r in rows]
 
     def insert_pipeline(self, record: PipelineRecord) -> None:
         row = record.to_row()
         try:
             self._write(
-                f"INSERT INTO pipelines ({', '.join(_PIPELINE_COLUMNS)}) "
-                f"VALUES ({', '.join(':' + c for c in _PIPELINE_COLUMNS)})",
+                f"INSERT INTO pipelines ({', '.join(PIPELINE_COLUMNS)}) "
+                f"VALUES ({', '.join(':' + c for c in PIPELINE_COLUMNS)})",
                 row,
             )
         except sqlite3.IntegrityError as exc:
@@ -262,7 +258,7 @@ class SqliteStore(Store):
 
     def update_pipeline(self, record: PipelineRecord) -> None:
         row = record.to_row()
-        sets = ", ".join(f"{c} = :{c}" for c in _PIPELINE_COLUMNS if c != "pipeline_id")
+        sets = ", ".join(f"{c} = :{c}" for c in PIPELINE_COLUMNS if c != "pipeline_id")
         row["row_version"] = record.row_version + 1
         row["expected"] = record.row_version
         count = self._write(
@@ -277,8 +273,8 @@ class SqliteStore(Store):
     def insert_txn(self, record: TxnRecord) -> None:
         try:
             self._write(
-                f"INSERT INTO transactions ({', '.join(_TXN_COLUMNS)}) "
-                f"VALUES ({', '.join(':' + c for c in _TXN_COLUMNS)})",
+                f"INSERT INTO transactions ({', '.join(TXN_COLUMNS)}) "
+                f"VALUES ({', '.join(':' + c for c in TXN_COLUMNS)})",
                 record.to_row(),
             )
         except sqlite3.IntegrityError as exc:
@@ -286,7 +282,7 @@ class SqliteStore(Store):
 
     def update_txn(self, record: TxnRecord) -> None:
         row = record.to_row()
-        sets = ", ".join(f"{c} = :{c}" for c in _TXN_COLUMNS if c != "txn_id")
+        sets = ", ".join(f"{c} = :{c}" for c in TXN_COLUMNS if c != "txn_id")
         row["row_version"] = record.row_version + 1
         row["expected"] = record.row_version
         count = self._write(
@@ -298,7 +294,7 @@ class SqliteStore(Store):
         record.row_version += 1
 
     def _txns(self, where: str, params: tuple | dict = (), tail: str = "") -> list[TxnRecord]:
-        rows = self._read(f"{_SELECT_TXN} WHERE {where} {tail}", params)
+        rows = self._read(f"{SELECT_TXN} WHERE {where} {tail}", params)
         return [TxnRecord.from_row(dict(r)) for r in rows]
 
     def get_txn(self, txn_id: str) -> TxnRecord | None:
