@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from coordinator import limits, ops_cli
+from coordinator import limits, ops_cli, topology_cli
 from coordinator.auth import cli as auth_cli
 from coordinator.client_commands import client_follower
 from coordinator.core import CoordinatorConfig
@@ -128,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-workers", type=_positive(int), default=32,
                        help="threads serving RPCs")
     limits.add_arguments(serve)
+    serve.add_argument("--barrier-interval", type=_positive(float), default=5.0,
+                       metavar="SECONDS",
+                       help="global barriers of the ETL topology every this many seconds of "
+                       "oracle time (docs/topology.md)")
+    serve.add_argument("--shared-table-writers", action="store_true",
+                       help="let several pipelines write one table (each table's first "
+                       "writer is still recorded as its owner); off, a second writing "
+                       "pipeline is refused with FAILED_PRECONDITION naming the owner")
     serve.add_argument("--shutdown-grace", type=_positive(float), default=10.0,
                        metavar="SECONDS", help="time in-flight RPCs get to finish on shutdown")
     serve.add_argument("--object-store-timeout", type=_positive(float), default=30.0,
@@ -183,6 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     add_client_arguments(reset)
     auth_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
     ops_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    topology_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
@@ -211,7 +220,8 @@ def _serve(args: argparse.Namespace) -> int:
         warehouse_roots=args.warehouse, txn_timeout_s=args.txn_timeout,
         conflict_wait_s=args.conflict_wait, snapshot_wait_s=args.snapshot_wait,
         roll_forward_after_s=args.roll_forward_after, max_intent_bytes=args.max_intent_bytes,
-        retention_hours=args.retention_hours, **limits.config_fields(args),
+        retention_hours=args.retention_hours, barrier_interval_s=args.barrier_interval,
+        shared_table_writers=args.shared_table_writers, **limits.config_fields(args),
     )
     options = ServerOptions(**limits.option_fields(args),
                             host=args.host, port=args.port, max_workers=args.max_workers,
@@ -269,4 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         return auth_cli.run(args)
     if args.command in ("transactions", "pipelines", "snapshot"):
         return ops_cli.run(args)
+    if args.command == "topology":
+        return topology_cli.run(args)
     return _reset(args)

@@ -152,6 +152,28 @@ def _pipeline_status(core: Any, pipeline: Any) -> pb.Pipeline:
     return reply
 
 
+def _topology_to_pb(view: Any) -> pb.GetTopologyResponse:
+    """GetTopology's reply from the core's ``TopologyView``."""
+    from coordinator.oracle import wall_ms_of
+
+    reply = pb.GetTopologyResponse(barrier_interval_ms=view.barrier_interval_ms,
+                                   now_ts=view.now_ts, now_unix_ms=wall_ms_of(view.now_ts))
+    for node in view.pipelines:
+        reply.pipelines.add(pipeline_id=node.pipeline_id, generation=node.generation,
+                            root=node.root, reads=node.reads, writes=node.writes)
+        reply.edges.extend(pb.TopologyEdge(pipeline_id=node.pipeline_id, table=t,
+                                           kind=pb.EDGE_READS) for t in node.reads)
+        reply.edges.extend(pb.TopologyEdge(pipeline_id=node.pipeline_id, table=t,
+                                           kind=pb.EDGE_WRITES) for t in node.writes)
+    for table in view.tables:
+        entry = reply.tables.add(table=table.table, writer=table.writer, readers=table.readers)
+        if table.completed_barrier is not None:
+            entry.completed_barrier_ts = table.completed_barrier
+            entry.completed_barrier_unix_ms = wall_ms_of(table.completed_barrier)
+            entry.delay_ms = view.delay_ms(table)
+    return reply
+
+
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     """Each method gets the serving core from ``rpc``; ``redact`` scrubs secrets (the store
     DSN's password) from what a client is told."""
@@ -171,9 +193,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @rpc
     def OpenTransaction(self, core, request, context):  # noqa: N802
         core.check_txn_tables(len(request.tables))  # timeout_ms: the core checks its limit
+        validation.check_count("applied_reports", len(request.applied_reports),
+                               validation.MAX_APPLIED_REPORTS)  # before decoding them
+        for report in request.applied_reports:
+            core.check_txn_tables(len(report.tables))
+        reports = [(r.txn_id, [(t.table, t.delta_version) for t in r.tables])
+                   for r in request.applied_reports]
         txn, committed = core.open_transaction(
             request.pipeline_id, request.batch_id, optional(request, "epoch"),
-            optional(request, "query_id"), list(request.tables), request.timeout_ms)
+            optional(request, "query_id"), list(request.tables), request.timeout_ms, reports)
         return pb.OpenTransactionResponse(transaction=codec.txn_to_pb(txn),
                                           already_committed=committed,
                                           locations=codec.locations_to_pb(txn))
@@ -302,3 +330,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             request.require_idle, optional(request, "query_id"))
         return pb.ResetPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline), changed=changed,
                                         aborted_txn_ids=aborted)
+
+    @rpc
+    def RegisterReads(self, core, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
+        tables, added = core.register_reads(request.pipeline_id, list(request.tables),
+                                            optional(request, "epoch"))
+        return pb.RegisterReadsResponse(tables=tables, added=added)
+
+    @rpc
+    def GetTopology(self, core, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
+        return _topology_to_pb(core.get_topology(list(request.tables)))

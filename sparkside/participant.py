@@ -2,9 +2,11 @@
 
 Per batch: register (once per Spark query id) → Open, declaring the tables the previous batch
 wrote → the user's function writes each table through :class:`BatchTransaction` (a table not
-declared yet is declared first; executors write its files; the schema is checked before) →
+declared yet is declared first; the schema is checked at the call; executors write its files
+in a background Spark job, the batch's tables concurrently) → all writes done →
 Commit carrying every write intent (prewrite and commit point in one durable write) → each
-table's Delta commit with delta-rs → one ReportApplied. Three round trips in the steady state.
+table's Delta commit with delta-rs → one ReportApplied, sent in the background (the next Open
+carries it if unconfirmed): two round trips on the batch's path, Open and Commit.
 A batch the coordinator already committed is not written again: only its missing secondaries
 are finished. After Commit nothing calls the JVM, so a stopping query cannot strand a secondary.
 """
@@ -29,10 +31,13 @@ from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
+from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
+from sparkside.deferred_reports import DeferredReports
 from sparkside.errors import (
     BatchRefused,
     CommitOutcomeUnknown,
     CoordinatorUnavailable,
+    InvalidRequest,
     WriteConflict,
 )
 from sparkside.heartbeat import Heartbeat
@@ -46,6 +51,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 UserFunction = Callable[[DataFrame, int, "BatchTransaction"], Any]
 MODES = {m.value: m for m in WriteMode}
 CHECKPOINT_RESET_POLICIES = ("refuse", "new_generation")
+SECONDARY_WORKERS = 4  # tables whose Delta commits run at once
 
 
 class BatchTransaction:
@@ -58,7 +64,11 @@ class BatchTransaction:
         self.batch_id = opened.transaction.batch_id
         self._epoch = epoch
         self._schemas = schemas
+        # Filled by finish_writes, in the order of the write() calls.
         self.writes: dict[str, TableWriteRecord] = {}
+        self._tables: list[str] = []  # the tables write() was called for, in order
+        self.running: ConcurrentWrites[TableWriteRecord] = ConcurrentWrites(
+            f"percolake-{self.txn_id}")
         # Every table this attempt may write (declared at Open or by write), with its folder.
         self.locations: dict[str, str] = {loc.table: loc.write_location
                                           for loc in opened.locations}
@@ -67,7 +77,12 @@ class BatchTransaction:
               partition_by: list[str] | None = None) -> None:
         """Writes ``df`` to the Delta table at ``table`` as part of this batch's transaction.
 
-        The files are written now; their write intent reaches the coordinator with the commit.
+        The checks run now; the files are written by a Spark job that runs in the background,
+        beside the batch's other writes. The batch commits once every write is done, and their
+        write intents reach the coordinator with the commit in the order of the calls; a failed
+        write fails the batch at its commit (the other writes are cancelled). ``unpersist()``
+        called in the function waits for the writes under way, so the usual persist, write
+        several tables, unpersist pattern computes the batch once.
 
         Args:
             df: the rows; Spark's executors write them once, in parallel.
@@ -84,7 +99,7 @@ class BatchTransaction:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
         canonical = canonical_table_uri(table)
-        if canonical in self.writes:
+        if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
         location = self.locations.get(canonical) or self._declare(table, canonical)
@@ -93,15 +108,31 @@ class BatchTransaction:
         schema_json = delta_schema_json(df)
         partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
                                          mode, self.batch_id)
-        adds = write_files(df, canonical, location, partitions)
-        fail_point("mid-prewrite", self.batch_id)
-        replace = ()
-        if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
-            distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
-                        for a in adds}
-            replace = tuple(dict(values) for values in sorted(distinct, key=str))
-        self.writes[canonical] = TableWriteRecord(canonical, MODES[mode], tuple(adds),
-                                                  schema_json, tuple(partitions), replace)
+        self._tables.append(canonical)
+
+        def write_table() -> TableWriteRecord:
+            adds = write_files(df, canonical, location, partitions)
+            fail_point("mid-prewrite", self.batch_id)
+            replace = ()
+            if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
+                distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
+                            for a in adds}
+                replace = tuple(dict(values) for values in sorted(distinct, key=str))
+            return TableWriteRecord(canonical, MODES[mode], tuple(adds), schema_json,
+                                    tuple(partitions), replace)
+
+        self.running.submit(df.sparkSession, table, write_table)
+
+    def finish_writes(self) -> None:
+        """Waits for every write so far; raises the first failure in call order (the others
+        stopped). The commit calls it; the user's function may too, to have the writes so far
+        done (and their failure raised) before it goes on."""
+        records = self.running.results()
+        self.writes = dict(zip(self._tables, records, strict=True))
+
+    def stop_writes(self) -> None:
+        """Cancels the writes still running and waits for all of them; never raises."""
+        self.running.cancel()
 
     def _declare(self, table: str, canonical: str) -> str:
         """Durably tells the coordinator this attempt may write ``table``, before any file."""
@@ -164,6 +195,8 @@ class Participant:
         # The tables the last committed batch wrote: declared at the next Open, in the same
         # durable write, since a streaming job nearly always writes the same tables.
         self._expected_tables: list[str] = []
+        # ReportApplied off the batch's path: sent in the background, else carried by an Open.
+        self._reports = DeferredReports(self.client)
 
     def wrap(self, fn: UserFunction) -> Callable[[DataFrame, int], None]:
         """The function to hand to ``writeStream.foreachBatch``."""
@@ -194,7 +227,9 @@ class Participant:
         handle = BatchTransaction(self.client, opened, self.epoch, self._schemas)
         try:
             with Heartbeat(self.client, txn.txn_id, self.epoch, self.heartbeat_s):
-                fn(batch_df, batch_id, handle)
+                with unpersist_waits_for(handle.running):
+                    fn(batch_df, batch_id, handle)
+                handle.finish_writes()
                 fail_point("after-prewrite", batch_id)
                 committed = self._commit(handle)
         except BaseException as exc:
@@ -211,7 +246,16 @@ class Participant:
                   for p in txn.participants if not p.applied}
         self._apply(txn, writes)
 
-    def close(self) -> None:
+    def wait_for_reports(self, timeout_s: float = 10.0) -> bool:
+        """Waits up to ``timeout_s`` for the applied reports sent after the last batches (off
+        the batch's path). True when none is under way; one that failed rides on the next
+        Open, and the coordinator rolls forward whatever is never reported."""
+        return self._reports.close(timeout_s)
+
+    def close(self, report_wait_s: float = 10.0) -> None:
+        """Waits up to ``report_wait_s`` for applied reports still being sent (one not sent is
+        rolled forward by the coordinator), then closes the channel."""
+        self._reports.close(report_wait_s)
         self.client.close()
 
     # ---------------------------------------------------------------- internals
@@ -249,18 +293,38 @@ class Participant:
 
     def _open(self, request: pb.OpenTransactionRequest) -> pb.OpenTransactionResponse:
         """Opens the attempt declaring the expected tables; if one of them is held elsewhere,
-        opens again declaring none (this batch may not write it: its write() will wait)."""
+        opens again declaring none (this batch may not write it: its write() will wait).
+
+        The Open carries the applied reports not confirmed yet (recorded before the Open)."""
+        request.applied_reports.extend(self._reports.unconfirmed())
         if not self._expected_tables:
-            return self.client.call("OpenTransaction", request)
+            return self._call_open(request)
         declaring = pb.OpenTransactionRequest()
         declaring.CopyFrom(request)
         declaring.tables.extend(self._expected_tables)
         try:
-            return self.client.call("OpenTransaction", declaring)
+            return self._call_open(declaring)
         except WriteConflict as conflict:
             log.info("batch %s: an expected table is held (%s); opening without declaring",
                      request.batch_id, conflict)
-            return self.client.call("OpenTransaction", request)  # supersedes the first attempt
+            return self._call_open(request)  # supersedes the first attempt
+
+    def _call_open(self, request: pb.OpenTransactionRequest) -> pb.OpenTransactionResponse:
+        """One Open; if its carried reports are refused, they are dropped (the coordinator
+        rolls those transactions forward) and the Open is sent again without them."""
+        carried = list(request.applied_reports)
+        try:
+            reply = self.client.call("OpenTransaction", request)
+        except (BatchRefused, InvalidRequest) as refused:
+            if not carried:
+                raise
+            log.warning("batch %s: Open refused (%s); opening again without its %d applied "
+                        "reports", request.batch_id, refused, len(carried))
+            self._reports.confirm(carried)
+            del request.applied_reports[:]
+            return self.client.call("OpenTransaction", request)
+        self._reports.confirm(carried)
+        return reply
 
     def _commit(self, handle: BatchTransaction) -> pb.Transaction:
         """Prewrite and commit in one call: the write intents ride on the commit request, and
@@ -278,7 +342,9 @@ class Participant:
                 "knows.") from exc
 
     def _abort(self, handle: BatchTransaction, cause: BaseException) -> None:
-        """Aborts the attempt; its files go only once the coordinator confirms ABORTED."""
+        """Aborts the attempt once none of its writes runs; its files go only once the
+        coordinator confirms ABORTED."""
+        handle.stop_writes()
         if isinstance(cause, CommitOutcomeUnknown):
             return  # maybe committed: never abort, never delete
         request = pb.AbortTransactionRequest(txn_id=handle.txn_id, epoch=self.epoch,
@@ -301,21 +367,23 @@ class Participant:
         """Secondaries: each table's Delta commit (delta-rs only), then one ReportApplied."""
         app_id = delta_app_id(txn.pipeline_id, txn.generation)
         applied: list[pb.AppliedTable] = []
-        try:
-            for table, write in writes.items():
-                version = apply_table_write(write, app_id=app_id, app_version=txn.batch_id,
-                                            txn_id=txn.txn_id, commit_ts=txn.commit_ts)
-                applied.append(pb.AppliedTable(table=table, delta_version=version))
-                fail_point("after-secondary", txn.batch_id)
-        except Exception as exc:  # committed: the coordinator rolls the rest forward (I4)
-            log.warning("secondaries of %s not finished (%s); the coordinator will roll them "
-                        "forward", txn.txn_id, exc)
-        if applied:
-            try:
-                self.client.call("ReportApplied", pb.ReportAppliedRequest(
-                    txn_id=txn.txn_id, epoch=self.epoch, tables=applied))
-            except Exception as exc:  # the roll-forward finds them applied and reports them
-                log.warning("could not report the secondaries of %s (%s)", txn.txn_id, exc)
-                return
+
+        def commit_table(item: tuple[str, TableWriteRecord]) -> pb.AppliedTable:
+            version = apply_table_write(item[1], app_id=app_id, app_version=txn.batch_id,
+                                        txn_id=txn.txn_id, commit_ts=txn.commit_ts)
+            fail_point("after-secondary", txn.batch_id)
+            return pb.AppliedTable(table=item[0], delta_version=version)
+
+        # One commit per table, the tables side by side (each table keeps commit_ts order, I7).
+        for table, outcome in zip(writes, in_parallel(commit_table, list(writes.items()),
+                                                      SECONDARY_WORKERS), strict=True):
+            if isinstance(outcome, Exception):  # committed: the coordinator rolls it forward
+                log.warning("secondary %s of %s not finished (%s); the coordinator will roll "
+                            "it forward", table, txn.txn_id, outcome)
+            else:
+                applied.append(outcome)
+        if applied:  # off the batch's path: sent in the background, or carried by the next Open
+            fail_point("before-deferred-report", txn.batch_id)
+            self._reports.submit(txn.txn_id, self.epoch, applied)
         if len(applied) == len(writes):
             fail_point("after-all-secondaries", txn.batch_id)

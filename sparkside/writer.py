@@ -11,13 +11,16 @@ import dataclasses
 import datetime
 import json
 import os
+import threading
 import zoneinfo
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 from deltalake import Schema
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -28,6 +31,12 @@ from sparkside.parquet_stats import delta_stats
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"
+DELTA_TIMESTAMPS = "TIMESTAMP_MICROS"  # Delta's timestamps, not Spark's INT96
+
+# The session setting is shared by every thread writing at once: it is set when the first
+# write starts and restored when the last one ends (per session: [writes running, value before]).
+_timestamp_lock = threading.Lock()
+_timestamp_users: dict[int, list] = {}
 
 
 def delta_schema_json(df: DataFrame) -> str:
@@ -64,20 +73,37 @@ def write_files(df: DataFrame, table_uri: str, location_uri: str,
     writer = df.write.mode("overwrite").option("compression", "snappy")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
-    conf = df.sparkSession.conf
-    previous = conf.get(TIMESTAMP_TYPE_KEY, None)
-    conf.set(TIMESTAMP_TYPE_KEY, "TIMESTAMP_MICROS")  # Delta's timestamps, not Spark's INT96
-    try:
+    with delta_timestamps(df.sparkSession):
         writer.parquet(location)
-    finally:
-        if previous is None:
-            conf.unset(TIMESTAMP_TYPE_KEY)
-        elif previous != "TIMESTAMP_MICROS":
-            conf.set(TIMESTAMP_TYPE_KEY, previous)
+    conf = df.sparkSession.conf
     types = {f.name: f.dataType for f in df.schema.fields if f.name in partition_by}
     session_zone = conf.get("spark.sql.session.timeZone", "UTC") or "UTC"
     adds = describe_files(table_uri, location, partition_by)
     return [_canonical_partitions(add, types, session_zone) for add in adds]
+
+
+@contextmanager
+def delta_timestamps(session: SparkSession) -> Iterator[None]:
+    """Spark writes timestamps as Delta's microseconds while at least one write runs."""
+    conf, key = session.conf, session._jsparkSession.hashCode()  # the JVM session's
+    with _timestamp_lock:
+        users = _timestamp_users.get(key)
+        if users is None:
+            users = _timestamp_users[key] = [0, conf.get(TIMESTAMP_TYPE_KEY, None)]
+            conf.set(TIMESTAMP_TYPE_KEY, DELTA_TIMESTAMPS)
+        users[0] += 1
+    try:
+        yield
+    finally:
+        with _timestamp_lock:
+            users[0] -= 1
+            if users[0] == 0:
+                del _timestamp_users[key]
+                previous = users[1]
+                if previous is None:
+                    conf.unset(TIMESTAMP_TYPE_KEY)
+                elif previous != DELTA_TIMESTAMPS:
+                    conf.set(TIMESTAMP_TYPE_KEY, previous)
 
 
 def _canonical_partitions(add: AddFileRecord, types: dict[str, T.DataType],

@@ -405,6 +405,24 @@ def test_snapshots_need_read_on_every_table(secured):
         "DESCRIBE", "'b-x'")
 
 
+def test_register_reads_needs_write_on_the_pipeline_and_read_on_every_table(secured):
+    mine, theirs = secured.table("alice"), secured.table("bob")
+    alice = secured.as_("alice")
+    reply = alice.RegisterReads(pb.RegisterReadsRequest(pipeline_id="a-reader", tables=[mine]))
+    assert reply.added == 1
+    expect_status(alice.RegisterReads, pb.RegisterReadsRequest(
+        pipeline_id="a-reader", tables=[mine, theirs]), DENIED, "READ",
+        f"table file://{os.path.realpath(theirs)}")
+    expect_status(secured.as_("bob").RegisterReads, pb.RegisterReadsRequest(
+        pipeline_id="a-reader", tables=[theirs]), DENIED, "WRITE", "'a-reader'")
+
+
+def test_get_topology_needs_describe_on_every_pipeline(secured):
+    expect_status(secured.as_("carol").GetTopology, pb.GetTopologyRequest(), DENIED,
+                  "DESCRIBE", "every pipeline")
+    assert secured.as_("root").GetTopology(pb.GetTopologyRequest()).barrier_interval_ms == 5000
+
+
 # ---------------------------------------------------------------- management
 
 def cli(secured: Secured, *args: str, token: str | None = None) -> subprocess.CompletedProcess:

@@ -48,14 +48,25 @@ class FakeDelta:
         return self.applied[key]
 
 
-@pytest.fixture
-def env(tmp_path):
+def make_env(tmp_path, **config):
     clock, delta, removed = FakeClock(), FakeDelta(), []
     core = TransactionCoordinator(
         MemoryStore(),
-        CoordinatorConfig([str(tmp_path)], txn_timeout_s=60, conflict_wait_s=0.2),
+        CoordinatorConfig([str(tmp_path)], txn_timeout_s=60, conflict_wait_s=0.2, **config),
         applier=delta, remove_files=removed.append, monotonic=clock)
     return core, clock, delta, removed, tmp_path
+
+
+@pytest.fixture
+def env(tmp_path):
+    return make_env(tmp_path)
+
+
+@pytest.fixture
+def shared_env(tmp_path):
+    """Two pipelines racing for one table (--shared-table-writers): write-write conflicts
+    between transactions stay part of the protocol whoever owns the table."""
+    return make_env(tmp_path, shared_table_writers=True)
 
 
 def table(tmp_path, name):
@@ -169,8 +180,8 @@ def test_query_id_binds_on_first_use_and_refuses_another(env):
         core.open_transaction("p", 1, epoch, "not-a-uuid")
 
 
-def test_table_held_by_a_live_transaction_is_a_conflict_naming_the_holder(env):
-    core, *_ , tmp = env
+def test_table_held_by_a_live_transaction_is_a_conflict_naming_the_holder(shared_env):
+    core, *_ , tmp = shared_env
     holder, _ = core.open_transaction("p", 0)
     core.declare_tables(holder.txn_id, None, [table(tmp, "a")])
     other, _ = core.open_transaction("q", 0)
@@ -178,8 +189,8 @@ def test_table_held_by_a_live_transaction_is_a_conflict_naming_the_holder(env):
         core.declare_tables(other.txn_id, None, [table(tmp, "a")])
 
 
-def test_committed_holder_is_rolled_forward_before_the_next_write(env):
-    core, _, delta, _, tmp = env
+def test_committed_holder_is_rolled_forward_before_the_next_write(shared_env):
+    core, _, delta, _, tmp = shared_env
     first = run_batch(core, tmp, "p", 0, ["a"])
     second, _ = core.open_transaction("q", 0)
     core.declare_tables(second.txn_id, None, [table(tmp, "a")])
@@ -187,8 +198,8 @@ def test_committed_holder_is_rolled_forward_before_the_next_write(env):
     assert delta.order == [(table(tmp, "a"), first.commit_ts)]
 
 
-def test_expired_holder_is_aborted_and_its_table_taken(env):
-    core, clock, _, removed, tmp = env
+def test_expired_holder_is_aborted_and_its_table_taken(shared_env):
+    core, clock, _, removed, tmp = shared_env
     stale, _ = core.open_transaction("p", 0)
     core.declare_tables(stale.txn_id, None, [table(tmp, "a")])
     clock.now += 61
@@ -222,8 +233,8 @@ def test_commit_needs_every_named_and_declared_table_prewritten(env):
     assert core.get_transaction(txn.txn_id).state == TxnState.PREWRITTEN
 
 
-def test_release_unwritten_drops_declared_tables_frees_them_and_deletes_their_folders(env):
-    core, _, delta, removed, tmp = env
+def test_release_unwritten_drops_declared_tables_frees_them_and_deletes_their_folders(shared_env):
+    core, _, delta, removed, tmp = shared_env
     a, b = table(tmp, "a"), table(tmp, "b")
     txn, _ = core.open_transaction("p", 0, tables=[a, b])
     b_folder = txn.tables[b].write_location
@@ -304,7 +315,7 @@ def test_resolver_rolls_forward_a_commit_whose_participant_died(env):
 
 def test_restart_reloads_live_transactions_and_holds(tmp_path):
     store = MemoryStore()
-    config = CoordinatorConfig([str(tmp_path)], conflict_wait_s=0.1)
+    config = CoordinatorConfig([str(tmp_path)], conflict_wait_s=0.1, shared_table_writers=True)
     first = TransactionCoordinator(store, config, applier=FakeDelta())
     txn, _ = first.open_transaction("p", 0)
     first.declare_tables(txn.txn_id, None, [table(tmp_path, "a")])
@@ -322,7 +333,8 @@ def test_closing_the_core_wakes_a_request_waiting_for_a_table_hold(tmp_path):
     from percolake.errors import NotLeader
 
     core = TransactionCoordinator(
-        MemoryStore(), CoordinatorConfig([str(tmp_path)], conflict_wait_s=30),
+        MemoryStore(), CoordinatorConfig([str(tmp_path)], conflict_wait_s=30,
+                                         shared_table_writers=True),
         applier=FakeDelta())
     holder, _ = core.open_transaction("p", 0)
     core.declare_tables(holder.txn_id, None, [table(tmp_path, "a")])

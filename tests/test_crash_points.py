@@ -43,6 +43,7 @@ def test_checker_flags_duplicates_aborted_files_losses_and_torn_reads(tmp_path):
     from percolake.v1 import coordinator_pb2 as pb
 
     sc = Scenario(tmp_path)
+    sc.daemon.extra_args.append("--shared-table-writers")  # an intruder pipeline writes below
     try:
         sc.start_coordinator()
         runs = light.run_light(sc.target, str(sc.lake), pipelines=1, batches=3, k=sc.k)
@@ -116,6 +117,35 @@ def test_driver_dies_at_c1_c2_c3_c6_c7_c8_each_batch_lands_exactly_once(tmp_path
     committed = {c["point"]: c["committed_before_replay"] for c in outcome.notes["crashes"]}
     assert committed == {"C1": False, "C2": False, "C3": False,
                          "C6": True, "C7": True, "C8": True}, outcome.notes
+
+
+@spark_test
+def test_c2_driver_dies_as_the_first_of_three_concurrent_writes_ends_batch_lands_once(tmp_path):
+    """C2 with concurrent writes: the driver dies as soon as the first of batch 1's three
+    table writes has its files, the other two write jobs submitted beside it. The attempt never
+    committed; the next driver runs the batch again and every batch is in every table exactly
+    once (I2), with no file of the dead attempt in any Delta version (I3)."""
+    outcome = scenarios.driver_crash(tmp_path, "C2-concurrent", "mid-prewrite=1*exit@1",
+                                     crash_batch=1)
+    _assert_clean(outcome)
+    assert not {"COMMITTED", "APPLIED"} & set(outcome.notes["states_after_crash"]), outcome.notes
+    assert 1 in outcome.notes["user_fn_recovery_run"], outcome.notes
+
+
+@spark_test
+def test_driver_dies_before_the_deferred_report_batch_lands_once_and_ends_applied(tmp_path):
+    """C8r: the driver dies after every table's Delta commit of batch 1 but before its applied
+    report is handed to the background sender. The transaction is committed and its tables
+    stay held; the next driver's replay is answered already committed (the user's function does
+    not run again), the report comes by the replay or the coordinator's roll-forward, and the
+    transaction ends APPLIED; every batch is in every table exactly once (I2, I4)."""
+    outcome = scenarios.CRASH_POINTS["C8r"](tmp_path)
+    _assert_clean(outcome)
+    notes = outcome.notes
+    assert {"COMMITTED", "APPLIED"} & set(notes["states_after_crash"]), notes
+    assert len(notes["tables_with_crashed_batch"]) == 3, notes  # every secondary was done
+    assert 1 not in notes["user_fn_recovery_run"], notes
+    assert "APPLIED" in notes["states_after_recovery"], notes
 
 
 # ---------------------------------------------------------------- coordinator crashes

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from pathlib import Path
@@ -85,15 +86,16 @@ def test_commit_refuses_writes_that_could_never_be_applied(daemon):
     """Item 3 (I10): everything that could make the apply fail is refused before the commit
     point, and nothing is committed; before the fix each of these was COMMITTED."""
     table = str(daemon.warehouse / "typed")
+    pipeline, batches = unique("typed"), itertools.count(1)  # the table's one writer
     first = daemon.stub.OpenTransaction(pb.OpenTransactionRequest(
-        pipeline_id=unique("typed")), timeout=30).transaction
+        pipeline_id=pipeline), timeout=30).transaction
     daemon.stub.CommitTransaction(pb.CommitTransactionRequest(
         txn_id=first.txn_id, writes=[table_write(table, first.txn_id)]), timeout=30)
     report_applied(daemon.stub, first.txn_id)  # the table exists: id long, day string
 
     def refused(code, *words, change=lambda write: None):
         txn = daemon.stub.OpenTransaction(pb.OpenTransactionRequest(
-            pipeline_id=unique("refused")), timeout=30).transaction
+            pipeline_id=pipeline, batch_id=next(batches)), timeout=30).transaction
         write = table_write(table, txn.txn_id)
         change(write)
         expect_status(daemon.stub.CommitTransaction, pb.CommitTransactionRequest(

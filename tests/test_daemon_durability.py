@@ -194,7 +194,8 @@ def test_serve_creates_a_missing_data_dir(daemon_factory, tmp_path):
 
 
 def test_table_holds_and_deadlines_survive_a_restart(daemon_factory):
-    daemon = daemon_factory.start(["--conflict-wait", "1", *NO_ROLL_FORWARD], name="holds")
+    daemon = daemon_factory.start(["--conflict-wait", "1", "--shared-table-writers",
+                                   *NO_ROLL_FORWARD], name="holds")
     table = str(daemon.warehouse / "t")
     holder = daemon.stub.OpenTransaction(pb.OpenTransactionRequest(
         pipeline_id=unique("holder"), tables=[table]), timeout=30).transaction

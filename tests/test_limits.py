@@ -33,8 +33,10 @@ HUGE = 100_000
 # ------------------------------------------------------------------ the core, in memory
 
 def make_core(tmp_path, conflict_wait_s: float = 5, **limits) -> TransactionCoordinator:
+    # pipelines of their own wait for one table here: --shared-table-writers
     config = CoordinatorConfig([str(tmp_path)], txn_timeout_s=60,
-                               conflict_wait_s=conflict_wait_s, **limits)
+                               conflict_wait_s=conflict_wait_s, shared_table_writers=True,
+                               **limits)
     return TransactionCoordinator(MemoryStore(), config, applier=lambda *a, **k: 0,
                                   remove_files=lambda _path: None)
 
@@ -227,7 +229,8 @@ def waiting(daemon_factory) -> Iterator:
     daemon = daemon_factory.start(["--max-message-bytes", str(1024 * 1024),
                                    "--max-txn-intent-bytes", str(4 * 1024 * 1024),
                                    "--conflict-wait", "8", "--max-txn-timeout", "600",
-                                   "--roll-forward-after", "3600"], name="limits")
+                                   "--roll-forward-after", "3600",
+                                   "--shared-table-writers"], name="limits")
     yield daemon
     daemon.stop()
 
@@ -357,7 +360,8 @@ def test_messages_over_the_size_limit_are_refused_both_ways(waiting):
 def tight(daemon_factory) -> Iterator:
     """At most 3 calls in flight, 3 of them may wait for tables; default message size."""
     daemon = daemon_factory.start(["--max-concurrent-rpcs", "3", "--max-table-waiters", "3",
-                                   "--conflict-wait", "3"], name="tight")
+                                   "--conflict-wait", "3", "--shared-table-writers"],
+                                  name="tight")
     yield daemon
     daemon.stop()
 

@@ -27,8 +27,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def served(daemon_factory):
     port = _free_port()
+    # --shared-table-writers: pipelines of their own wait for one table (the table wait metric)
     daemon = daemon_factory.start(["--metrics-port", str(port), "--roll-forward-after", "3600",
-                                   "--conflict-wait", "1"], name="metrics")
+                                   "--conflict-wait", "1", "--shared-table-writers"],
+                                  name="metrics")
     daemon.metrics_url = f"http://127.0.0.1:{port}/metrics"
     wait_for(lambda: _reachable(daemon.metrics_url), 15, "the metrics endpoint")
     yield daemon

@@ -106,7 +106,9 @@ class Scene:
 @pytest.fixture(scope="module")
 def scene(daemon_factory):
     daemon = daemon_factory.start(
-        ["--conflict-wait", "60", "--roll-forward-after", "3600", "--txn-timeout", "600"],
+        # --shared-table-writers: pipelines of their own wait for one table (find-hanging)
+        ["--conflict-wait", "60", "--roll-forward-after", "3600", "--txn-timeout", "600",
+         "--shared-table-writers"],
         env={"PERCOLAKE_FAILPOINTS": "after-commit-durable-before-reply=1*raise"},
         name="ops-cli")
     made = Scene(daemon)

@@ -221,15 +221,16 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert migrate_postgres(conn, "test", POSTGRES_MIGRATIONS[:1]) == 1
         conn.execute("INSERT INTO meta VALUES ('ts_high_water', 77)")
-        broken = (*POSTGRES_MIGRATIONS, Migration(4, (
+        broken = (*POSTGRES_MIGRATIONS, Migration(5, (
             "CREATE TABLE extra (a INTEGER)", "SELECT no_such_function()")))
         with pytest.raises(psycopg.errors.UndefinedFunction):
             migrate_postgres(conn, "test", broken)
-        # all of 2, 3 and 4 rolled back together: still at 1, no lease table, no extra table
+        # all of 2 to 5 rolled back together: still at 1, no lease table, no extra table
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
                             ).fetchone()[0] == 1
         assert conn.execute("SELECT to_regclass('leader_lease'), to_regclass('extra'), "
-                            "to_regclass('tokens')").fetchone() == (None, None, None)
+                            "to_regclass('tokens'), to_regclass('table_writers')"
+                            ).fetchone() == (None, None, None, None)
     store = PostgresStore(pg_dsn)
     try:
         assert store.read_timestamp_high_water() == 77
@@ -240,18 +241,18 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 3
+                            ).fetchone()[0] == 4
 
 
 def test_a_newer_schema_is_refused(pg_dsn):
     PostgresStore(pg_dsn).close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE meta SET value = 4 WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = 5 WHERE key = 'schema_version'")
     with pytest.raises(StoreSchemaError) as refused:
         PostgresStore(pg_dsn)
     assert str(refused.value) == (
         f"the store at 127.0.0.1:{urllib.parse.urlsplit(pg_dsn).port}/{dbname(pg_dsn)} has "
-        "schema 4; this coordinator knows up to 3: upgrade the coordinator")
+        "schema 5; this coordinator knows up to 4: upgrade the coordinator")
 
 
 def test_a_connection_cut_mid_batch_is_unavailable_then_reconnects(postgres_server, pg_dsn):

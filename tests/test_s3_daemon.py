@@ -155,7 +155,8 @@ def test_the_resolver_rolls_forward_a_batch_over_s3_and_local_tables(
 
 def test_abort_deletes_exactly_that_attempt_prefix(daemon_factory, moto_server, s3_bucket,
                                                    s3_env, tmp_path):
-    daemon = start(daemon_factory, moto_server, tmp_path, [f"s3://{s3_bucket}/wh"])
+    daemon = start(daemon_factory, moto_server, tmp_path, [f"s3://{s3_bucket}/wh"],
+                   "--shared-table-writers")  # pipelines of their own write one table
     stub = daemon.stub
     table = f"s3://{s3_bucket}/wh/t"
     kept = commit_batch(stub, moto_server, unique("kept"), 0, [table], [1])
@@ -297,7 +298,8 @@ def test_an_unreachable_endpoint_fails_the_commit_within_bounds(daemon_factory, 
 def test_the_secret_key_never_reaches_a_log_line_the_store_or_an_answer(
         daemon_factory, moto_server, s3_bucket, s3_env, tmp_path):
     daemon = start(daemon_factory, moto_server, tmp_path, [f"s3://{s3_bucket}/wh"],
-                   "--log-level", "debug", "--roll-forward-after", "1")
+                   "--log-level", "debug", "--roll-forward-after", "1",
+                   "--shared-table-writers")  # pipelines of their own write one table
     stub = daemon.stub
     secret = moto_server.secret
     table = f"s3://{s3_bucket}/wh/t"

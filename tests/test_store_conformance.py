@@ -178,9 +178,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 4 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 5 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 4; this coordinator knows up to 3: "
+    with pytest.raises(StoreSchemaError, match="has schema 5; this coordinator knows up to 4: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -281,7 +281,7 @@ def test_a_failed_batch_leaves_no_token_or_acl_entry(store):
     assert store.load_tokens() == [] and store.load_acl() == []
 
 
-def test_sqlite_schema_1_is_migrated_to_3_keeping_its_records(tmp_path):
+def test_sqlite_schema_1_is_migrated_to_4_keeping_its_records(tmp_path):
     import sqlite3
 
     from coordinator.store.sqlite import _SCHEMA
@@ -298,9 +298,10 @@ def test_sqlite_schema_1_is_migrated_to_3_keeping_its_records(tmp_path):
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 3
+                                   ).fetchone()[0] == 4
         assert store.get_txn("t1") == txn()  # principal "": opened without authentication
         assert store.load_tokens() == [] and store.load_acl() == []
+        assert store.load_table_writers() == [] and store.load_read_edges() == []
     finally:
         store.close()
 
@@ -373,3 +374,38 @@ def test_a_released_lease_is_free_at_once(lease_stores):
     assert second.try_acquire_lease("b", "127.0.0.1:5002", 600.0) == epoch + 1
     first.release_lease(epoch)  # a stale release changes nothing
     assert second.read_lease().remaining_s > 0
+
+
+# ---------------------------------------------------------------- lineage (docs/topology.md)
+
+def test_a_table_has_one_owner_and_a_second_is_a_conflict(store):
+    from coordinator.store.base import TableWriter
+
+    store.insert_table_writer(TableWriter("file:///w/b", "bank", 5))
+    store.insert_table_writer(TableWriter("file:///w/a", "bank", 6))
+    with pytest.raises(StoreConflict):
+        store.insert_table_writer(TableWriter("file:///w/a", "ledger", 7))
+    assert store.load_table_writers() == [TableWriter("file:///w/a", "bank", 6),
+                                          TableWriter("file:///w/b", "bank", 5)]
+
+
+def test_read_edges_are_recorded_once_each(store):
+    from coordinator.store.base import ReadEdge
+
+    assert store.insert_read_edge(ReadEdge("ledger", "file:///w/b", 5))
+    assert store.insert_read_edge(ReadEdge("ledger", "file:///w/a", 6))
+    assert store.insert_read_edge(ReadEdge("audit", "file:///w/b", 7))
+    assert not store.insert_read_edge(ReadEdge("ledger", "file:///w/b", 8))
+    assert store.load_read_edges() == [ReadEdge("audit", "file:///w/b", 7),
+                                       ReadEdge("ledger", "file:///w/a", 6),
+                                       ReadEdge("ledger", "file:///w/b", 5)]
+
+
+def test_lineage_written_in_a_failed_batch_is_undone(store):
+    from coordinator.store.base import ReadEdge, TableWriter
+
+    with pytest.raises(RuntimeError), store.batch():
+        store.insert_table_writer(TableWriter("file:///w/a", "bank", 5))
+        store.insert_read_edge(ReadEdge("ledger", "file:///w/a", 5))
+        raise RuntimeError("crash inside the batch")
+    assert store.load_table_writers() == [] and store.load_read_edges() == []

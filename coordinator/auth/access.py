@@ -2,7 +2,8 @@
 may show; and the audit lines of refusals and administrative actions.
 
 The rules (docs/security.md has the table):
-- RegisterPipeline, OpenTransaction: WRITE on the pipeline.
+- RegisterPipeline, OpenTransaction: WRITE on the pipeline; the applied reports an Open
+  carries: as ReportApplied.
 - DeclareTables, Prewrite, CommitTransaction, ReportApplied, Heartbeat: WRITE on the
   transaction's pipeline, and being the principal that opened the transaction.
 - AbortTransaction: as above for one's own transaction; another principal's needs ADMIN.
@@ -13,6 +14,8 @@ The rules (docs/security.md has the table):
   GetPipeline: DESCRIBE. Epochs and query ids are shown only to WRITE holders.
 - ListPipelines: ADMIN on every pipeline ('*').
 - GetSnapshot: READ on every table; ``as_of_batch`` also DESCRIBE on that pipeline.
+- RegisterReads: WRITE on the pipeline (as OpenTransaction) and READ on every table.
+- GetTopology: DESCRIBE on every pipeline ('*'): it shows them all.
 - ResetPipeline: ADMIN; with ``require_idle`` (a driver's automatic reset, refused while the
   pipeline is active) WRITE is enough.
 - The administrative RPCs (ACL entries, tokens): ADMIN on every pipeline ('*').
@@ -153,6 +156,12 @@ def _register(checks: Checks, request: Any) -> Decision:
 def _open(checks: Checks, request: Any) -> Decision:
     checks.pipeline(Permission.WRITE, request.pipeline_id)
     checks.tables(Permission.WRITE, request.tables)
+    # Carried applied reports: as ReportApplied's rule, each of one's own transactions (the
+    # core also refuses one of another pipeline).
+    validation.check_count("applied_reports", len(request.applied_reports),
+                           validation.MAX_APPLIED_REPORTS)
+    for report in request.applied_reports:
+        checks.own_transaction(report.txn_id)
     return Decision()
 
 
@@ -233,6 +242,18 @@ def _list_pipelines(checks: Checks, request: Any) -> Decision:
     return Decision()
 
 
+def _register_reads(checks: Checks, request: Any) -> Decision:
+    checks.pipeline(Permission.WRITE, request.pipeline_id)
+    checks.tables(Permission.READ, request.tables,
+                  count_check=lambda count, what: validation.check_count(what, count))
+    return Decision()
+
+
+def _get_topology(checks: Checks, request: Any) -> Decision:
+    checks.every_pipeline(Permission.DESCRIBE, "show the topology of every pipeline")
+    return Decision()
+
+
 def _reset(checks: Checks, request: Any) -> Decision:
     if request.require_idle and checks.has(Permission.WRITE, request.pipeline_id):
         audit.note(pipeline=request.pipeline_id)
@@ -248,6 +269,7 @@ _RULES: dict[str, Callable[[Checks, Any], Decision]] = {
     "ReportApplied": _own, "Heartbeat": _own, "GetTransaction": _get_transaction,
     "ListTransactions": _list_transactions, "GetSnapshot": _snapshot,
     "GetPipeline": _get_pipeline, "ResetPipeline": _reset, "ListPipelines": _list_pipelines,
+    "RegisterReads": _register_reads, "GetTopology": _get_topology,
 }
 
 

@@ -18,12 +18,13 @@ from coordinator.core.opening import Opening
 from coordinator.core.pipelines import Pipelines
 from coordinator.core.snapshots import Snapshots
 from coordinator.core.state import CoordinatorConfig, CoreState, Snapshot
+from coordinator.core.topology import Topology
 from coordinator.core.writing import Writing
 
 __all__ = ["CoordinatorConfig", "CoreState", "Snapshot", "TransactionCoordinator"]
 
 
 class TransactionCoordinator(Pipelines, Opening, Writing, Applying, Snapshots, Maintenance,
-                             Fencing):
+                             Fencing, Topology):
     """The coordinator's core: every RPC of the service is one method here, each request
     family in its own module over one shared state (``CoreState``)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from coordinator import metrics, validation
 from coordinator.core.state import CoreState, wall_ms
@@ -13,6 +15,8 @@ from percolake.records import TxnRecord, delta_app_id
 from percolake.states import COMMITTED_STATES, TxnState, check_transition
 
 log = logging.getLogger("percolake.coordinator")
+ROLL_FORWARD_THREADS = 4  # tables of one transaction rolled forward at once
+_FREE = threading.Lock()  # never taken: stands for a table nobody has rolled forward yet
 
 
 class Applying(CoreState):
@@ -41,6 +45,47 @@ class Applying(CoreState):
                     return self._fresh(self._record_applied(txn, canonical))
             self._verify_applied(txn, unverified)
             verified.update(unverified)
+
+    def report_carried(self, pipeline_id: str, epoch: int | None, query_id: str | None,
+                       reports: Sequence[tuple[str, Sequence[tuple[str, int]]]]) -> None:
+        """The applied reports an Open carries: each recorded exactly as ReportApplied records
+        it (same verification, same fencing by the Open's epoch), before the Open itself.
+
+        Every report must be of a transaction of the Open's own pipeline (whose WRITE the Open
+        needs); the Open's caller checks (fencing, query id) come first and a malformed or
+        foreign report refuses the Open before anything is recorded. Reports that pass are
+        recorded one by one, before the Open's own checks: a true report recorded by an Open
+        refused later (say, for a table owned elsewhere) is harmless and idempotent.
+        """
+        if not reports:
+            return
+        validation.check_count("applied_reports", len(reports), validation.MAX_APPLIED_REPORTS)
+        carried: dict[str, dict[str, int]] = {}
+        for txn_id, tables in reports:
+            validation.check_id("txn_id", txn_id)
+            if txn_id in carried:
+                raise InvalidArgument(f"transaction {txn_id} is reported twice in one Open")
+            self.check_txn_tables(len(tables))
+            versions: dict[str, int] = {}
+            for table, version in tables:
+                if table in versions:
+                    raise InvalidArgument(f"table {table} reported twice for transaction "
+                                          f"{txn_id}")
+                versions[table] = version
+            carried[txn_id] = versions
+        with self._lock:
+            pipeline = self._pipelines.get(pipeline_id)
+            if pipeline is not None:  # fencing and query id first: a zombie learns nothing
+                self._check_caller(pipeline, epoch, query_id)
+            for txn_id in carried:
+                txn = self._get(txn_id)
+                if txn.pipeline_id != pipeline_id:
+                    raise InvalidArgument(
+                        f"an Open of pipeline {pipeline_id!r} carries the applied report of "
+                        f"transaction {txn_id}, which belongs to pipeline {txn.pipeline_id!r}; "
+                        "an Open carries only its own pipeline's reports (send ReportApplied)")
+        for txn_id, versions in carried.items():
+            self.report_applied(txn_id, epoch, versions)
 
     def _verify_applied(self, txn: TxnRecord, versions: dict[str, int]) -> None:
         """Refuses a reported version whose Delta commit is not this transaction's own."""
@@ -89,6 +134,50 @@ class Applying(CoreState):
                                               "delta_version": version})
         finally:
             lock.release()
+
+    def _roll_forward_tables(self, txn_id: str, tables: Sequence[str],
+                             deadline: float) -> dict[str, BaseException]:
+        """Rolls a committed transaction forward on several tables at once (a small thread pool);
+        each table still under its own apply lock, so per table the order stays commit_ts (I7).
+
+        Returns:
+            The failure of each table that could not be rolled forward (the others are done).
+        """
+        failures: dict[str, BaseException] = {}
+        if len(tables) <= 1:
+            for table in tables:
+                try:
+                    self._roll_forward(txn_id, table, deadline)
+                except Exception as exc:
+                    failures[table] = exc
+            return failures
+        with ThreadPoolExecutor(max_workers=min(len(tables), ROLL_FORWARD_THREADS),
+                                thread_name_prefix="roll-forward") as pool:
+            futures = {table: pool.submit(self._roll_forward, txn_id, table, deadline)
+                       for table in tables}
+        for table, future in futures.items():
+            if (exc := future.exception()) is not None:
+                failures[table] = exc
+        return failures
+
+    def _roll_forward_committed_holders(self, tables: Sequence[str]) -> None:
+        """Before held tables are taken one by one: rolls forward, side by side, the tables
+        that a COMMITTED holder still holds (its driver died before reporting) and that nobody
+        is rolling forward right now. Whatever is busy or fails is left to the per-table path,
+        which waits, retries and answers for it."""
+        with self._lock:
+            by_holder: dict[str, list[str]] = {}
+            for table in tables:
+                holder = self._unfinished.get(self._holders.get(table, ""))
+                if holder is not None and holder.state == TxnState.COMMITTED:
+                    by_holder.setdefault(holder.txn_id, []).append(table)
+        for txn_id, held in by_holder.items():
+            idle = [t for t in held if not self._table_apply_locks.get(t, _FREE).locked()]
+            if len(idle) > 1:  # a busy table is left to the per-table path (no wait slot)
+                failures = self._roll_forward_tables(txn_id, idle, deadline=time.monotonic())
+                for table, exc in failures.items():
+                    log.debug("parallel roll-forward of %s on %s left to the per-table path: "
+                              "%s", txn_id, table, exc)
 
     def _wait_for(self, lock: threading.Lock, table: str, deadline: float,
                   take_slot: bool) -> bool:

@@ -18,13 +18,13 @@ from percolake.states import LIVE_STATES, TxnState
 log = logging.getLogger("percolake.coordinator")
 
 
-def _log_failure(what: str, exc: Exception, **extra: object) -> None:
+def _log_failure(what: str, exc: BaseException, **extra: object) -> None:
     """A background step failed: a store out of reach or a lease lost (the leadership steps
     down on its own) is a warning; anything else is a bug and logged with its trace."""
     if isinstance(exc, (NotLeader, StoreUnavailable)):
         log.warning(what, extra={**extra, "error": f"{type(exc).__name__}: {exc}"})
     else:
-        log.exception(what, extra=extra)
+        log.error(what, exc_info=exc, extra=extra)
 
 
 class Maintenance(CoreState):
@@ -48,17 +48,17 @@ class Maintenance(CoreState):
                         _log_failure("could not expire a transaction", exc, txn_id=txn_id)
             due = now - self.config.roll_forward_after_s
             orphaned = [
-                (t.txn_id, table) for t in self._unfinished.values()
+                (t.txn_id, [table for table, entry in t.tables.items() if not entry.applied])
+                for t in self._unfinished.values()
                 if t.state == TxnState.COMMITTED and self._committed_at.get(t.txn_id, now) <= due
-                for table, entry in t.tables.items() if not entry.applied
             ]
             retry = [txn for t in self._pending_cleanup
                      if (txn := self._unfinished.get(t) or self.store.get_txn(t)) is not None]
         self._clean_up(expired + retry)
-        for txn_id, table in orphaned:
-            try:
-                self._roll_forward(txn_id, table, time.monotonic() + self.config.snapshot_wait_s)
-            except Exception as exc:  # logged; the next pass retries
+        for txn_id, tables in orphaned:  # a transaction's tables in parallel, each in order
+            failures = self._roll_forward_tables(
+                txn_id, tables, time.monotonic() + self.config.snapshot_wait_s)
+            for table, exc in failures.items():  # logged; the next pass retries
                 _log_failure("roll-forward failed", exc, txn_id=txn_id, table=table)
 
     def sweep_recent_aborts(self, horizon_s: float = 24 * 3600) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from coordinator import metrics, validation
 from coordinator.core.quotas import exceeded
@@ -31,8 +31,13 @@ class Opening(CoreState):
         query_id: str | None = None,
         tables: Iterable[str] = (),
         timeout_ms: int = 0,
+        applied_reports: Sequence[tuple[str, Sequence[tuple[str, int]]]] = (),
     ) -> tuple[TxnRecord, bool]:
         """Opens a new attempt of (pipeline, generation, batch), or answers the committed one.
+
+        ``applied_reports`` (txn id, [(table, Delta version)]) of this pipeline's earlier
+        transactions are recorded first, as ReportApplied would (``report_carried``), so the
+        tables they release are free for this attempt.
 
         Returns:
             The transaction and whether the batch was already committed (then nothing is opened).
@@ -45,6 +50,7 @@ class Opening(CoreState):
         names = list(tables)
         self.check_txn_tables(len(names))
         canonical = self._resolve_tables(names, self.config.max_tables_per_txn)
+        self.report_carried(pipeline_id, epoch, query_id, applied_reports)
         principal = current_principal()
         start_ts = self.oracle.next()
         with self._lock:
@@ -56,6 +62,7 @@ class Opening(CoreState):
             if committed:
                 assert len(committed) == 1, f"batch committed twice: {committed}"
                 return self._fresh(committed[0]), True
+            self._check_writer(pipeline_id, canonical)
             if query_id and not pipeline.query_id:
                 pipeline.query_id = query_id
             superseded = [self._prepare_abort(self._unfinished[a.txn_id],
@@ -81,6 +88,8 @@ class Opening(CoreState):
                 for old in superseded:
                     self.store.update_txn(old)
                 self.store.insert_txn(txn)
+                owners = self._persist_writers(pipeline_id, txn.tables)
+            self._own(owners)
             self._pipelines[pipeline_id] = pipeline
             for old in superseded:
                 self._track(old)
@@ -141,7 +150,10 @@ class Opening(CoreState):
         then each held one as ``_acquire_table`` resolves it."""
         deadline = time.monotonic() + self.config.conflict_wait_s
         self._check_table_total(txn_id, epoch, canonical)
+        with self._lock:
+            self._check_writer(self._get(txn_id).pipeline_id, canonical)
         self._acquire_free_tables(txn_id, epoch, canonical)
+        self._roll_forward_committed_holders(canonical)
         for table in canonical:
             self._acquire_table(txn_id, epoch, table, deadline)
 
@@ -175,11 +187,15 @@ class Opening(CoreState):
             free = self._free_tables(new)
             if not free:
                 return
+            self._check_writer(txn.pipeline_id, free)
             updated = txn.copy()
             for table in free:
                 updated.tables[table] = TableEntry(table, write_location(table, txn_id))
             updated.updated_ms = wall_ms()
-            self.store.update_txn(updated)
+            with self.store.batch():
+                self.store.update_txn(updated)
+                owners = self._persist_writers(txn.pipeline_id, free)
+            self._own(owners)
             self._track(updated)
 
     def _acquire_table(self, txn_id: str, epoch: int | None, table: str, deadline: float) -> None:
@@ -216,10 +232,14 @@ class Opening(CoreState):
                 holder_id = self._holders.get(table)
                 holder = self._unfinished.get(holder_id) if holder_id else None
                 if holder is None:
+                    self._check_writer(txn.pipeline_id, [table])
                     updated = txn.copy()
                     updated.tables[table] = TableEntry(table, write_location(table, txn_id))
                     updated.updated_ms = wall_ms()
-                    self.store.update_txn(updated)
+                    with self.store.batch():
+                        self.store.update_txn(updated)
+                        owners = self._persist_writers(txn.pipeline_id, [table])
+                    self._own(owners)
                     self._track(updated)
                     return
                 if holder.state == TxnState.COMMITTED:

@@ -16,6 +16,7 @@ from coordinator.store.base import Store, TxnQuery
 from percolake.errors import NotFound
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.warehouse import Warehouse
+from percolake.lineage import Lineage
 from percolake.records import TableWriteRecord, TxnRecord
 from percolake.states import LIVE_STATES, TxnState
 
@@ -57,6 +58,10 @@ class CoordinatorConfig:
     max_live_txns_per_pipeline: int = 64
     max_live_txns_per_principal: int = 1024  # authentication off: every caller is one principal
     max_table_waiters: int = 8
+    # Topology (docs/topology.md): global barriers every this many seconds of oracle time;
+    # with shared_table_writers a table's owner is recorded but other pipelines may write it.
+    barrier_interval_s: float = 5.0
+    shared_table_writers: bool = False
 
 
 @dataclass
@@ -101,6 +106,8 @@ class CoreState:
         self._changed = threading.Condition(self._lock)
         self._table_apply_locks: dict[str, threading.Lock] = {}
         self._pipelines = {p.pipeline_id: p for p in store.load_pipelines()}
+        self._lineage = Lineage.of(((w.table, w.pipeline_id) for w in store.load_table_writers()),
+                                   ((e.pipeline_id, e.table) for e in store.load_read_edges()))
         self._unfinished: dict[str, TxnRecord] = {}
         self._deadlines: dict[str, float] = {}
         self._timeouts: dict[str, float] = {}

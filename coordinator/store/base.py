@@ -62,6 +62,25 @@ class IndexView:
     commits: dict[str, TableCommit | None]
 
 
+@dataclass(frozen=True)
+class TableWriter:
+    """Lineage: the one pipeline that writes (owns) a table, recorded when it first declared
+    it (docs/topology.md)."""
+
+    table: str
+    pipeline_id: str
+    registered_ms: int
+
+
+@dataclass(frozen=True)
+class ReadEdge:
+    """Lineage: a pipeline reads a percolake table (its streaming source or ``txn.read``)."""
+
+    pipeline_id: str
+    table: str
+    registered_ms: int
+
+
 @dataclass
 class TxnQuery:
     """Filters of ListTransactions; results are ordered by start_ts."""
@@ -215,6 +234,23 @@ class Store(abc.ABC):
         Returns:
             How many transactions and how many snapshot-index rows were deleted.
         """
+
+    # lineage (docs/topology.md)
+    @abc.abstractmethod
+    def load_table_writers(self) -> list[TableWriter]:
+        """Every table's owner, ordered by table."""
+
+    @abc.abstractmethod
+    def insert_table_writer(self, writer: TableWriter) -> None:
+        """Records the table's owner; raises StoreConflict if the table already has one."""
+
+    @abc.abstractmethod
+    def load_read_edges(self) -> list[ReadEdge]:
+        """Every read edge, ordered by (pipeline, table)."""
+
+    @abc.abstractmethod
+    def insert_read_edge(self, edge: ReadEdge) -> bool:
+        """Adds the edge; False (and nothing changed) if the pipeline already reads the table."""
 
     # security: bearer tokens (only their hashes) and ACL entries
     @abc.abstractmethod

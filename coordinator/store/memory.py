@@ -14,8 +14,10 @@ from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
     Lease,
+    ReadEdge,
     Store,
     TableCommit,
+    TableWriter,
     TxnQuery,
 )
 from percolake.errors import StoreConflict
@@ -41,6 +43,8 @@ class MemoryStore(Store):
         self._floor_ts = 0
         self._tokens: dict[str, TokenRecord] = {}
         self._acl: dict[tuple[str, str, str, str], AclRecord] = {}
+        self._writers: dict[str, TableWriter] = {}
+        self._read_edges: dict[tuple[str, str], ReadEdge] = {}
         self._depth = 0
 
     @contextlib.contextmanager
@@ -55,13 +59,14 @@ class MemoryStore(Store):
                 return
             saved = copy.deepcopy((self._high_water, self._pipelines, self._txns,
                                    self._table_commits, self._floor_ts, self._tokens,
-                                   self._acl))
+                                   self._acl, self._writers, self._read_edges))
             self._depth = 1
             try:
                 yield
             except BaseException:
                 (self._high_water, self._pipelines, self._txns, self._table_commits,
-                 self._floor_ts, self._tokens, self._acl) = saved
+                 self._floor_ts, self._tokens, self._acl, self._writers,
+                 self._read_edges) = saved
                 raise
             finally:
                 self._depth = 0
@@ -276,3 +281,25 @@ class MemoryStore(Store):
     def delete_acl(self, entry: AclRecord) -> bool:
         with self._lock:
             return self._acl.pop(entry.key, None) is not None
+
+    def load_table_writers(self) -> list[TableWriter]:
+        with self._lock:
+            return [self._writers[t] for t in sorted(self._writers)]
+
+    def insert_table_writer(self, writer: TableWriter) -> None:
+        with self._lock:
+            if writer.table in self._writers:
+                raise StoreConflict(f"table {writer.table} has an owner")
+            self._writers[writer.table] = writer
+
+    def load_read_edges(self) -> list[ReadEdge]:
+        with self._lock:
+            return [self._read_edges[k] for k in sorted(self._read_edges)]
+
+    def insert_read_edge(self, edge: ReadEdge) -> bool:
+        with self._lock:
+            key = (edge.pipeline_id, edge.table)
+            if key in self._read_edges:
+                return False
+            self._read_edges[key] = edge
+            return True

@@ -43,8 +43,10 @@ from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
     Lease,
+    ReadEdge,
     Store,
     TableCommit,
+    TableWriter,
     TxnQuery,
 )
 from coordinator.store.schema import PIPELINE_COLUMNS, SELECT_TXN, TXN_COLUMNS, migrate_postgres
@@ -558,3 +560,29 @@ class PostgresStore(Store):
         return self._write(
             "DELETE FROM acl_entries WHERE principal = %s AND resource = %s AND pattern = %s "
             "AND permission = %s", entry.key) == 1
+
+    # ------------------------------------------------------------------ lineage
+
+    def load_table_writers(self) -> list[TableWriter]:
+        rows = self._read("SELECT table_uri, pipeline_id, registered_ms FROM table_writers "
+                          "ORDER BY table_uri")
+        return [TableWriter(*r) for r in rows]
+
+    def insert_table_writer(self, writer: TableWriter) -> None:
+        count = self._write(
+            "INSERT INTO table_writers (table_uri, pipeline_id, registered_ms) "
+            "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (writer.table, writer.pipeline_id, writer.registered_ms))
+        if count != 1:
+            raise StoreConflict(f"table {writer.table} has an owner")
+
+    def load_read_edges(self) -> list[ReadEdge]:
+        rows = self._read("SELECT pipeline_id, table_uri, registered_ms FROM read_edges "
+                          "ORDER BY pipeline_id, table_uri")
+        return [ReadEdge(*r) for r in rows]
+
+    def insert_read_edge(self, edge: ReadEdge) -> bool:
+        return self._write(
+            "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms) "
+            "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (edge.pipeline_id, edge.table, edge.registered_ms)) == 1

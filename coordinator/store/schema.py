@@ -3,7 +3,8 @@ transaction, a newer one refused (this coordinator would misread it).
 
 PostgreSQL's schema is an ordered list of migrations: version 1 holds the records (the same
 tables as SQLite's), version 2 adds the leader lease, version 3 the security records (tokens,
-ACL entries, the principal of each transaction); SQLite's goes from 1 to 3. Two processes
+ACL entries, the principal of each transaction), version 4 the lineage (each table's owning
+pipeline, the tables each pipeline reads); SQLite's goes from 1 to 3 to 4. Two processes
 creating or migrating the same database at once take turns on an advisory lock.
 """
 
@@ -117,10 +118,23 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
             created_ms BIGINT NOT NULL,
             PRIMARY KEY (principal, resource, pattern, permission))""",
     )),
+    Migration(4, (
+        # Lineage (docs/topology.md): a table's one writing pipeline; what each pipeline reads.
+        """CREATE TABLE table_writers (
+            table_uri TEXT COLLATE "C" PRIMARY KEY,
+            pipeline_id TEXT COLLATE "C" NOT NULL,
+            registered_ms BIGINT NOT NULL)""",
+        """CREATE TABLE read_edges (
+            pipeline_id TEXT COLLATE "C" NOT NULL,
+            table_uri TEXT COLLATE "C" NOT NULL,
+            registered_ms BIGINT NOT NULL,
+            PRIMARY KEY (pipeline_id, table_uri))""",
+    )),
 )
 
 # SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
-# SQLite counterpart, so a SQLite store goes from 1 straight to 3, the security records.
+# SQLite counterpart, so a SQLite store goes from 1 straight to 3, the security records, then 4,
+# the lineage.
 SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, (
         "ALTER TABLE transactions ADD COLUMN principal TEXT NOT NULL DEFAULT ''",
@@ -138,6 +152,17 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
             permission TEXT NOT NULL,
             created_ms INTEGER NOT NULL,
             PRIMARY KEY (principal, resource, pattern, permission))""",
+    )),
+    Migration(4, (
+        """CREATE TABLE table_writers (
+            table_uri TEXT PRIMARY KEY,
+            pipeline_id TEXT NOT NULL,
+            registered_ms INTEGER NOT NULL)""",
+        """CREATE TABLE read_edges (
+            pipeline_id TEXT NOT NULL,
+            table_uri TEXT NOT NULL,
+            registered_ms INTEGER NOT NULL,
+            PRIMARY KEY (pipeline_id, table_uri))""",
     )),
 )
 

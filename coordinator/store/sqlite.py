@@ -23,7 +23,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from coordinator.auth.records import AclRecord, TokenRecord
-from coordinator.store.base import UNFINISHED_STATES, IndexView, Store, TableCommit, TxnQuery
+from coordinator.store.base import (
+    UNFINISHED_STATES,
+    IndexView,
+    ReadEdge,
+    Store,
+    TableCommit,
+    TableWriter,
+    TxnQuery,
+)
 from coordinator.store.schema import (
     PIPELINE_COLUMNS,
     SELECT_TXN,
@@ -484,3 +492,26 @@ class SqliteStore(Store):
         return self._write(
             "DELETE FROM acl_entries WHERE principal = ? AND resource = ? AND pattern = ? "
             "AND permission = ?", entry.key) == 1
+
+    def load_table_writers(self) -> list[TableWriter]:
+        rows = self._read("SELECT table_uri, pipeline_id, registered_ms FROM table_writers "
+                          "ORDER BY table_uri")
+        return [TableWriter(*r) for r in rows]
+
+    def insert_table_writer(self, writer: TableWriter) -> None:
+        try:
+            self._write("INSERT INTO table_writers (table_uri, pipeline_id, registered_ms) "
+                        "VALUES (?, ?, ?)", (writer.table, writer.pipeline_id,
+                                             writer.registered_ms))
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"table {writer.table} has an owner") from exc
+
+    def load_read_edges(self) -> list[ReadEdge]:
+        rows = self._read("SELECT pipeline_id, table_uri, registered_ms FROM read_edges "
+                          "ORDER BY pipeline_id, table_uri")
+        return [ReadEdge(*r) for r in rows]
+
+    def insert_read_edge(self, edge: ReadEdge) -> bool:
+        return self._write(
+            "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms) VALUES (?, ?, ?) "
+            "ON CONFLICT DO NOTHING", (edge.pipeline_id, edge.table, edge.registered_ms)) == 1

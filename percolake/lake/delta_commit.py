@@ -325,7 +325,7 @@ def table_layout(table_uri: str) -> TableLayout | None:
 
 def commit_file(table_uri: str, version: int) -> Path:
     """The ``_delta_log`` file of one version of a local table."""
-    return Path(local_path(table_uri)) / "_delta_log" / f"{version:020d}.json"
+    return Path(f"{local_path(table_uri)}/_delta_log/{version:020d}.json")
 
 
 def commit_uri(table_uri: str, version: int) -> str:

@@ -21,6 +21,7 @@ looks like); its settings and credentials live in ``percolake.lake.storage``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -104,6 +105,8 @@ def parse_local_path(uri: str) -> str:
 
 
 def _check_characters(uri: str, path: str) -> None:
+    if path.isprintable() and "\\" not in path:  # the usual case, in one pass in C
+        return
     odd = next((c for c in path if c == "\\" or not c.isprintable()), None)
     if odd is not None:  # delta-rs refuses control characters and reads '\' as a separator
         raise InvalidArgument(
@@ -229,6 +232,7 @@ def canonical_table_uri(uri: str) -> str:
     return canonical
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the text; refusals are not kept
 def local_path(canonical_uri: str) -> str:
     """The local filesystem path of a canonical table URI (or of a write location).
 

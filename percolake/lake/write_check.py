@@ -60,6 +60,7 @@ from percolake.records import TableWriteRecord, WriteMode
 
 MAX_NAMED = 5  # files named in one refusal
 MAX_REMEMBERED = 100_000  # partition value verdicts kept
+MAX_SCHEMAS = 1024  # parsed schemas kept
 
 _FileId = tuple  # local: (inode, mtime ns, size); object store: (size, content hash)
 
@@ -134,12 +135,13 @@ def _advance(table: str, layout: TableLayout, file_id: _FileId
     """The cached layout moved to the newest version, None if the log must be loaded again."""
     if is_object_store(table):
         return _advance_object(table, layout, file_id)
-    if _file_id(commit_file(table, layout.version)) != file_id:
+    log = f"{local_path(table)}/_delta_log"
+    if _file_id(f"{log}/{layout.version:020d}.json") != file_id:
         return None
     version = layout.version
     while True:
         try:
-            with open(commit_file(table, version + 1), "rb") as commit:
+            with open(f"{log}/{version + 1:020d}.json", "rb") as commit:
                 info = os.fstat(commit.fileno())
                 if b'"metaData"' in commit.read():
                     return None
@@ -150,7 +152,7 @@ def _advance(table: str, layout: TableLayout, file_id: _FileId
         version, file_id = version + 1, (info.st_ino, info.st_mtime_ns, info.st_size)
 
 
-def _file_id(path: os.PathLike[str]) -> _FileId | None:
+def _file_id(path: str | os.PathLike[str]) -> _FileId | None:
     try:
         info = os.stat(path)
     except OSError:
@@ -190,6 +192,10 @@ class WriteChecker:
         self.layouts = layouts or LayoutCache()
         self.roots = roots
         self._parsed: set[tuple[str, str]] = set()  # (Delta type, value) the kernel parses
+        # schema_json -> (delta-rs's JSON of it, its fields by name): a pure function of the
+        # text, and a stream sends the same schema every batch (refusals are not kept)
+        self._schemas: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {}
+        self._fits: set[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = set()
 
     def check(self, write: TableWriteRecord) -> None:
         """Call with the table held by the transaction, before its durable commit write.
@@ -201,10 +207,7 @@ class WriteChecker:
                 columns, an overwrite of an append-only table, files missing or of another size.
         """
         table = write.table
-        schema = parse_schema(table, write.schema_json).to_json()
-        if "\\u0000" in schema:  # delta-rs takes it, but no reader can name the column
-            raise InvalidArgument(f"table {table}: a column name contains a NUL character")
-        fields = {f["name"]: f for f in json.loads(schema)["fields"]}
+        schema, fields = self._schema(table, write.schema_json)
         _check_form(write, fields)
         check_table_location(table, self.roots)  # the apply refuses what this refuses (I10)
         try:
@@ -214,9 +217,7 @@ class WriteChecker:
                 f"table {table}: delta-rs cannot read the table's log, so nothing can be "
                 f"committed to it ({exc})") from None
         if layout is not None:
-            problem = describe_schema_mismatch(layout.schema_json, schema,
-                                               list(write.partition_by),
-                                               layout.partition_columns)
+            problem = self._mismatch(layout, schema, write.partition_by)
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
                                          f"version {layout.version}: {problem}")
@@ -225,6 +226,34 @@ class WriteChecker:
                                          f"{write.mode.value} write cannot remove its files")
         _check_files(write)
         self._check_partition_values(write, fields)
+
+    def _schema(self, table: str, schema_json: str) -> tuple[str, dict[str, dict[str, Any]]]:
+        """The write's schema as delta-rs writes it, and its fields by name (read-only)."""
+        known = self._schemas.get(schema_json)
+        if known is not None:
+            return known
+        schema = parse_schema(table, schema_json).to_json()
+        if "\\u0000" in schema:  # delta-rs takes it, but no reader can name the column
+            raise InvalidArgument(f"table {table}: a column name contains a NUL character")
+        known = schema, {f["name"]: f for f in json.loads(schema)["fields"]}
+        if len(self._schemas) >= MAX_SCHEMAS:
+            self._schemas.clear()
+        self._schemas[schema_json] = known
+        return known
+
+    def _mismatch(self, layout: TableLayout, schema: str,
+                  partition_by: tuple[str, ...]) -> str | None:
+        """``describe_schema_mismatch``, a pure function: a fit is remembered."""
+        key = (layout.schema_json, schema, partition_by, tuple(layout.partition_columns))
+        if key in self._fits:
+            return None
+        problem = describe_schema_mismatch(layout.schema_json, schema, list(partition_by),
+                                           layout.partition_columns)
+        if problem is None:
+            if len(self._fits) >= MAX_SCHEMAS:
+                self._fits.clear()
+            self._fits.add(key)
+        return problem
 
     def _check_partition_values(self, write: TableWriteRecord,
                                 fields: dict[str, dict[str, Any]]) -> None:

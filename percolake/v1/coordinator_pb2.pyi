@@ -36,6 +36,12 @@ class ResourceType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESOURCE_TYPE_UNSPECIFIED: _ClassVar[ResourceType]
     PIPELINE: _ClassVar[ResourceType]
     TABLE: _ClassVar[ResourceType]
+
+class EdgeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EDGE_KIND_UNSPECIFIED: _ClassVar[EdgeKind]
+    EDGE_READS: _ClassVar[EdgeKind]
+    EDGE_WRITES: _ClassVar[EdgeKind]
 TRANSACTION_STATE_UNSPECIFIED: TransactionState
 OPEN: TransactionState
 PREWRITTEN: TransactionState
@@ -54,6 +60,9 @@ READ: Permission
 RESOURCE_TYPE_UNSPECIFIED: ResourceType
 PIPELINE: ResourceType
 TABLE: ResourceType
+EDGE_KIND_UNSPECIFIED: EdgeKind
+EDGE_READS: EdgeKind
+EDGE_WRITES: EdgeKind
 
 class AddFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns", "modification_time", "stats")
@@ -222,20 +231,30 @@ class RegisterPipelineResponse(_message.Message):
     def __init__(self, pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., epoch: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class OpenTransactionRequest(_message.Message):
-    __slots__ = ("pipeline_id", "batch_id", "epoch", "query_id", "tables", "timeout_ms")
+    __slots__ = ("pipeline_id", "batch_id", "epoch", "query_id", "tables", "timeout_ms", "applied_reports")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_REPORTS_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     batch_id: int
     epoch: int
     query_id: str
     tables: _containers.RepeatedScalarFieldContainer[str]
     timeout_ms: int
-    def __init__(self, pipeline_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    applied_reports: _containers.RepeatedCompositeFieldContainer[AppliedReport]
+    def __init__(self, pipeline_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., epoch: _Optional[int] = ..., query_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ..., applied_reports: _Optional[_Iterable[_Union[AppliedReport, _Mapping]]] = ...) -> None: ...
+
+class AppliedReport(_message.Message):
+    __slots__ = ("txn_id", "tables")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    tables: _containers.RepeatedCompositeFieldContainer[AppliedTable]
+    def __init__(self, txn_id: _Optional[str] = ..., tables: _Optional[_Iterable[_Union[AppliedTable, _Mapping]]] = ...) -> None: ...
 
 class OpenTransactionResponse(_message.Message):
     __slots__ = ("transaction", "already_committed", "locations")
@@ -586,3 +605,83 @@ class ListTokensResponse(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
     def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ...) -> None: ...
+
+class RegisterReadsRequest(_message.Message):
+    __slots__ = ("pipeline_id", "tables", "epoch")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    epoch: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RegisterReadsResponse(_message.Message):
+    __slots__ = ("tables", "added")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    added: int
+    def __init__(self, tables: _Optional[_Iterable[str]] = ..., added: _Optional[int] = ...) -> None: ...
+
+class GetTopologyRequest(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tables: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TopologyEdge(_message.Message):
+    __slots__ = ("pipeline_id", "table", "kind")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    table: str
+    kind: EdgeKind
+    def __init__(self, pipeline_id: _Optional[str] = ..., table: _Optional[str] = ..., kind: _Optional[_Union[EdgeKind, str]] = ...) -> None: ...
+
+class TopologyPipeline(_message.Message):
+    __slots__ = ("pipeline_id", "generation", "root", "reads", "writes")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    READS_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    generation: int
+    root: bool
+    reads: _containers.RepeatedScalarFieldContainer[str]
+    writes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., root: _Optional[bool] = ..., reads: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TopologyTable(_message.Message):
+    __slots__ = ("table", "writer", "readers", "completed_barrier_ts", "completed_barrier_unix_ms", "delay_ms")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_BARRIER_TS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_BARRIER_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    writer: str
+    readers: _containers.RepeatedScalarFieldContainer[str]
+    completed_barrier_ts: int
+    completed_barrier_unix_ms: int
+    delay_ms: int
+    def __init__(self, table: _Optional[str] = ..., writer: _Optional[str] = ..., readers: _Optional[_Iterable[str]] = ..., completed_barrier_ts: _Optional[int] = ..., completed_barrier_unix_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+
+class GetTopologyResponse(_message.Message):
+    __slots__ = ("pipelines", "tables", "edges", "barrier_interval_ms", "now_ts", "now_unix_ms")
+    PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    NOW_TS_FIELD_NUMBER: _ClassVar[int]
+    NOW_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    pipelines: _containers.RepeatedCompositeFieldContainer[TopologyPipeline]
+    tables: _containers.RepeatedCompositeFieldContainer[TopologyTable]
+    edges: _containers.RepeatedCompositeFieldContainer[TopologyEdge]
+    barrier_interval_ms: int
+    now_ts: int
+    now_unix_ms: int
+    def __init__(self, pipelines: _Optional[_Iterable[_Union[TopologyPipeline, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TopologyTable, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[TopologyEdge, _Mapping]]] = ..., barrier_interval_ms: _Optional[int] = ..., now_ts: _Optional[int] = ..., now_unix_ms: _Optional[int] = ...) -> None: ...

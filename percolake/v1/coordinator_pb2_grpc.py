@@ -104,6 +104,16 @@ class CoordinatorStub:
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.SerializeToString,
                 response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineResponse.FromString,
                 _registered_method=True)
+        self.RegisterReads = channel.unary_unary(
+                '/percolake.v1.Coordinator/RegisterReads',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.RegisterReadsRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.RegisterReadsResponse.FromString,
+                _registered_method=True)
+        self.GetTopology = channel.unary_unary(
+                '/percolake.v1.Coordinator/GetTopology',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyResponse.FromString,
+                _registered_method=True)
         self.AddAcl = channel.unary_unary(
                 '/percolake.v1.Coordinator/AddAcl',
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
@@ -238,6 +248,22 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterReads(self, request, context):
+        """Lineage (docs/topology.md): records, durably and idempotently, that a pipeline reads these
+        tables; an edge that would close a cycle is refused with FAILED_PRECONDITION naming it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTopology(self, request, context):
+        """The ETL topology: pipelines, tables (writer, readers, last completed global barrier, delay)
+        and edges. Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddAcl(self, request, context):
         """Administration (docs/security.md): each needs ADMIN on every pipeline ('*') when the
         coordinator authenticates callers. Changes are durable and take effect at once.
@@ -349,6 +375,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ResetPipeline,
                     request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.FromString,
                     response_serializer=percolake_dot_v1_dot_coordinator__pb2.ResetPipelineResponse.SerializeToString,
+            ),
+            'RegisterReads': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterReads,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.RegisterReadsRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.RegisterReadsResponse.SerializeToString,
+            ),
+            'GetTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTopology,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyResponse.SerializeToString,
             ),
             'AddAcl': grpc.unary_unary_rpc_method_handler(
                     servicer.AddAcl,
@@ -759,6 +795,60 @@ class Coordinator:
             '/percolake.v1.Coordinator/ResetPipeline',
             percolake_dot_v1_dot_coordinator__pb2.ResetPipelineRequest.SerializeToString,
             percolake_dot_v1_dot_coordinator__pb2.ResetPipelineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterReads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/RegisterReads',
+            percolake_dot_v1_dot_coordinator__pb2.RegisterReadsRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.RegisterReadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/GetTopology',
+            percolake_dot_v1_dot_coordinator__pb2.GetTopologyRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.GetTopologyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         return 3
     _event(args.events, event="done", query_id=query.id)
+    participant.close()  # waits a bounded time for the last applied report
     spark.stop()
     return 0
 

@@ -101,6 +101,7 @@ def driver_crash(root: Path, point: str, failpoints: str, crash_batch: int = 1,
         notes["tables_with_crashed_batch"] = sorted(n for n, hit in in_tables.items() if hit)
         sc.add_input(1)
         recovery = sc.run_driver()
+        notes["states_after_recovery"] = _batch_state(sc, crash_batch)
         notes["user_fn_crashed_run"] = crashed.user_fn_batches()
         notes["user_fn_recovery_run"] = recovery.user_fn_batches()
         sc.wait_reader_observations(3)
@@ -368,9 +369,10 @@ def coordinator_sigkill_under_load(root: Path, rng: random.Random | None = None,
     """C9: light participants (no Spark) commit concurrently while the coordinator is SIGKILLed
     at random moments and restarted on the same data dir and port."""
     rng = rng or random.Random()
+    # every light pipeline also appends to one shared ledger table: --shared-table-writers
     sc = Scenario(root, k=k, coordinator_args=[
         "--roll-forward-after", "2", "--txn-timeout", "60", "--conflict-wait", "20",
-        "--log-format", "text"])
+        "--log-format", "text", "--shared-table-writers"])
     runs: list[light.LightPipeline] = []
     try:
         sc.start_coordinator()
@@ -439,6 +441,9 @@ DRIVER_POINTS: dict[str, tuple[str, int, int]] = {
     "C6": ("after-commit-reply", 1, 1),
     "C7": ("after-secondary", 3, 2),
     "C8": ("after-all-secondaries", 1, 1),
+    # C8r: after all secondaries, before their ReportApplied is handed to the background sender
+    # (the deferred report's window): the tables stay held until a roll-forward or the replay.
+    "C8r": ("before-deferred-report", 1, 1),
 }
 
 
@@ -556,7 +561,7 @@ CRASH_POINTS: dict[str, Callable[..., Outcome]] = {
     "C4": lambda root, rng=None: coordinator_crash(root, "C4", "before-commit-durable"),
     "C5": lambda root, rng=None: coordinator_crash(root, "C5",
                                                    "after-commit-durable-before-reply"),
-    **{point: _driver_point(point) for point in ("C6", "C7", "C8")},
+    **{point: _driver_point(point) for point in ("C6", "C7", "C8", "C8r")},
     "C9": lambda root, rng=None: coordinator_sigkill_under_load(
         root, rng, **({"pipelines": rng.randint(2, 4), "batches": rng.randint(5, 10),
                        "kills": rng.randint(3, 8)} if rng else {})),

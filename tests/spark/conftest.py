@@ -52,8 +52,9 @@ def spark_s3(spark: SparkSession, s3_env: dict[str, str]) -> SparkSession:
 @pytest.fixture(scope="module")
 def lake_daemon(daemon_factory):  # noqa: ANN001, ANN201 - tests/conftest.py's factory
     """A coordinator for a module's Spark tests; each test uses tables of its own."""
-    running = daemon_factory.start(["--roll-forward-after", "2", "--conflict-wait", "5"],
-                                   name="lake")
+    # --shared-table-writers: a few tests make another pipeline hold or write a table
+    running = daemon_factory.start(["--roll-forward-after", "2", "--conflict-wait", "5",
+                                    "--shared-table-writers"], name="lake")
     yield running
     running.stop()
 

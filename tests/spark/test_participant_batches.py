@@ -161,6 +161,7 @@ def test_an_expected_table_held_elsewhere_does_not_fail_a_batch_that_skips_it(
     finally:
         lake_daemon.stub.AbortTransaction(pb.AbortTransactionRequest(txn_id=holder.txn_id),
                                           timeout=30)
+    assert participant.wait_for_reports()  # the applied report is sent off the batch's path
     attempts = sorted((t.attempt, t.state) for t in
                       transactions(lake_daemon.stub, participant.pipeline_id) if t.batch_id == 1)
     assert attempts == [(1, pb.ABORTED), (2, pb.APPLIED)]

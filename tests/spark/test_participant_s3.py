@@ -54,6 +54,7 @@ def test_batches_over_three_s3_tables_commit_once_and_read_back_consistently(
     for batch_id in range(3):
         participant.run_batch(spark_s3.range(1), batch_id, batch)
     participant.run_batch(spark_s3.range(1), 1, batch)  # a replay: nothing new
+    assert participant.wait_for_reports()  # applied reports go off the batch's path
     committed = committed_batches(daemon.stub, participant.pipeline_id)
     assert sorted(committed) == [0, 1, 2]
     assert len(transactions(daemon.stub, participant.pipeline_id)) == 3

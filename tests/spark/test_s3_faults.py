@@ -124,6 +124,7 @@ class Batch:
             if name in self.before:
                 self.before.pop(name)()
             txn.write(rows(self.spark, batch_id, name), uri)
+            txn.finish_writes()  # these faults are about one write at a time
             self.written[name] = self.listing(name)
 
 
@@ -196,6 +197,7 @@ def test_access_denied_on_one_table_aborts_the_whole_batch_and_its_replay_commit
 
     iam_moto.set_user_policy(user, s3_policy(bucket))  # the fix: the whole bucket
     participant.wrap(batch)(spark.range(1), 0)
+    assert participant.wait_for_reports()  # the applied report is off the batch's path
     assert batch.calls == 2
     assert attempts(daemon.stub, pipeline) == [(1, pb.ABORTED), (2, pb.APPLIED)]
     assert_committed_once(daemon.stub, pipeline, uris, keys)
@@ -242,6 +244,7 @@ def test_missing_credentials_in_the_driver_fail_the_first_write_naming_the_varia
 
     use_env(monkeypatch, env)
     participant.wrap(batch)(spark.range(1), 0)
+    assert participant.wait_for_reports()  # the applied report is off the batch's path
     assert attempts(daemon.stub, pipeline) == [(1, pb.ABORTED), (2, pb.APPLIED)]
     assert_committed_once(daemon.stub, pipeline, uris, keys)
 
@@ -276,6 +279,7 @@ def test_a_missing_bucket_fails_the_batch_naming_it_and_its_replay_commits_once(
 
     moto_server.client.create_bucket(Bucket=bucket)
     participant.wrap(batch)(spark.range(1), 0)
+    assert participant.wait_for_reports()  # the applied report is off the batch's path
     assert attempts(daemon.stub, pipeline) == [(1, pb.ABORTED), (2, pb.APPLIED)]
     assert_committed_once(daemon.stub, pipeline, uris, keys)
 
@@ -316,6 +320,7 @@ def test_an_unreachable_endpoint_fails_the_batch_within_bounds_and_its_replay_co
 
     use_env(monkeypatch, env)
     participant.wrap(batch)(spark.range(1), 0)
+    assert participant.wait_for_reports()  # the applied report is off the batch's path
     assert attempts(daemon.stub, pipeline) == [(1, pb.ABORTED), (2, pb.APPLIED)]
     assert_committed_once(daemon.stub, pipeline, uris, keys)
 
@@ -356,6 +361,7 @@ def test_a_store_going_away_during_the_executors_write_fails_the_batch_within_bo
 
         relay.restore()
         participant.wrap(batch)(spark.range(1), 0)
+        assert participant.wait_for_reports()  # the applied report is off the batch's path
         assert attempts(daemon.stub, pipeline) == [(1, pb.ABORTED), (2, pb.APPLIED)]
         assert_committed_once(daemon.stub, pipeline, uris, keys)
     finally:
