@@ -106,11 +106,13 @@ def test_exception_in_user_function_leaves_no_trace(spark, lake_daemon, lake, tm
         assert not any(aborted[0].txn_id in p for p in files_of_every_version(lake / name))
 
 
-def test_snapshots_taken_during_writes_always_balance(spark, lake_daemon, lake, tmp_path):
+def test_snapshots_taken_during_writes_always_balance(spark, lake_daemon, lake, tmp_path,
+                                                      monkeypatch):
     """A reader thread snapshots debits and credits while batches land.
 
-    A failpoint holds the participant for a moment after each table's Delta commit, so the
-    tables on disk are torn for a while in every batch (debits has the batch, credits not yet).
+    The tables' Delta commits run one at a time here and a failpoint holds the participant for
+    a moment after each, so the tables on disk are torn for a while in every batch (debits has
+    the batch, credits not yet; side by side, the tear lasts only between two commits).
     Snapshots taken then must still balance and hold the whole batch: the coordinator rolls
     the rest of it forward before answering (I1, I4).
     """
@@ -155,6 +157,7 @@ def test_snapshots_taken_during_writes_always_balance(spark, lake_daemon, lake, 
                 errors.append(exc)
                 return
 
+    monkeypatch.setattr("sparkside.participant.SECONDARY_WORKERS", 1)
     failpoints.enable("after-secondary", "sleep(0.4)")
     reader = threading.Thread(target=read_snapshots)
     reader.start()
