@@ -435,6 +435,8 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
     print(coordinator_cli(target, "transactions", "list", "--limit", "5"))
     print(f"\n$ percolake-coordinator pipelines list --target {target}")
     print(coordinator_cli(target, "pipelines", "list"))
+    print(f"\n$ percolake-coordinator topology --target {target}")
+    print(coordinator_cli(target, "topology"))
     if pair:
         standby = pair.standby().target
         print(f"\n$ grpcurl -plaintext {standby} grpc.health.v1.Health/Check   # the standby")
