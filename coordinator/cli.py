@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from coordinator import limits, ops_cli, topology_cli
+from coordinator import limits, ops_cli, revise_cli, topology_cli, vacuum_cli
 from coordinator.auth import cli as auth_cli
 from coordinator.client_commands import client_follower
 from coordinator.core import CoordinatorConfig
@@ -188,10 +188,18 @@ def _parser() -> argparse.ArgumentParser:
                        help="bind the new generation to this Spark query id at once; needed to "
                        "run a query id of an earlier generation again (its checkpoint restarted "
                        "on purpose)")
+    reset.add_argument("--start-barrier", type=_non_negative_int,
+                       help="where the new generation's percolake input starts (an oracle "
+                       "timestamp, such as a barrier `topology --json` shows); default: the "
+                       "last input barrier the pipeline committed. Give one at or above the "
+                       "retention floor when a downstream pipeline's sources start below "
+                       "pruned history")
     add_client_arguments(reset)
     auth_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
     ops_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
     topology_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    vacuum_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    revise_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
@@ -238,6 +246,13 @@ def _serve(args: argparse.Namespace) -> int:
     return serve_forever(args.data_dir, config, options, args.port_file)
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _reset(args: argparse.Namespace) -> int:
     import grpc
 
@@ -246,6 +261,8 @@ def _reset(args: argparse.Namespace) -> int:
     request = pb.ResetPipelineRequest(pipeline_id=args.pipeline, reason=args.reason)
     if args.query_id is not None:
         request.query_id = args.query_id
+    if args.start_barrier is not None:
+        request.start_barrier = args.start_barrier
     try:
         follower = client_follower(args)
     except ValueError as exc:
@@ -281,4 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         return ops_cli.run(args)
     if args.command == "topology":
         return topology_cli.run(args)
+    if args.command == "vacuum":
+        return vacuum_cli.run(args)
+    if args.command == "revise":
+        return revise_cli.run(args)
     return _reset(args)

@@ -265,6 +265,10 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--max-live-txns-per-principal", type=_at_least(int, 1), default=1024,
                        metavar="N", help="OPEN or PREWRITTEN transactions opened by one "
                        "principal, across pipelines")
+    group.add_argument("--max-live-leases-per-principal", type=_at_least(int, 1),
+                       default=1000, metavar="N", help="live snapshot leases (GetSnapshot "
+                       "with lease_ms) taken by one principal; each is a store row kept up "
+                       "to 30 days")
     group.add_argument("--max-tables-per-txn", type=_at_least(int, 1), default=1000,
                        metavar="N", help="tables one transaction may declare or write; a "
                        "request naming more is refused before any per-table work")
@@ -305,7 +309,8 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
             "max_txn_timeout_s": args.max_txn_timeout,
             "max_live_txns_per_pipeline": args.max_live_txns_per_pipeline,
             "max_live_txns_per_principal": args.max_live_txns_per_principal,
-            "max_table_waiters": args.max_table_waiters}
+            "max_table_waiters": args.max_table_waiters,
+            "max_live_leases_per_principal": args.max_live_leases_per_principal}
 
 
 def option_fields(args: argparse.Namespace) -> dict[str, Any]:

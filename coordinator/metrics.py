@@ -11,6 +11,7 @@ categories, and pipeline ids (one series each) — never a transaction id.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -131,6 +132,7 @@ class CoreCollector(Collector):
         yield leader
         if core is not None:
             yield from _view_metrics(*core.metrics_view())
+            yield from _topology_metrics(core)
 
 
 def _view_metrics(unfinished: list[tuple[TxnState, int]],
@@ -164,6 +166,39 @@ def _view_metrics(unfinished: list[tuple[TxnState, int]],
     for pipeline_id, last_ms in last_commits:
         since.add_metric([pipeline_id], max(0.0, (now_ms - last_ms) / 1000))
     yield since
+
+
+def _topology_metrics(core: Any) -> Iterator[Metric]:
+    """The delays of docs/topology.md, from one GetTopology view of the serving core (its
+    store reads run outside the core's lock); none if the store cannot answer now."""
+    try:
+        view = core.get_topology()
+    except Exception:  # a scrape never fails for it; the RPCs report the store's trouble
+        logging.getLogger("percolake.coordinator").warning("topology metrics skipped",
+                                                           exc_info=True)
+        return
+    table_delay = GaugeMetricFamily(
+        "percolake_table_delay_seconds",
+        "Seconds since the wall time of the table's last completed global barrier",
+        labels=["table"])
+    for table in view.tables:
+        if table.delay_ms is not None:
+            table_delay.add_metric([table.table], table.delay_ms / 1000)
+    yield table_delay
+    own = GaugeMetricFamily(
+        "percolake_pipeline_own_delay_seconds",
+        "The pipeline's own share of its tables' delay (its tables' minus its sources')",
+        labels=["pipeline"])
+    end_to_end = GaugeMetricFamily(
+        "percolake_pipeline_end_to_end_delay_seconds",
+        "The largest delay of the pipeline's tables, from the roots", labels=["pipeline"])
+    for pipeline in view.pipelines:
+        if pipeline.own_delay_ms is not None:
+            own.add_metric([pipeline.pipeline_id], pipeline.own_delay_ms / 1000)
+        if pipeline.end_to_end_delay_ms is not None:
+            end_to_end.add_metric([pipeline.pipeline_id], pipeline.end_to_end_delay_ms / 1000)
+    yield own
+    yield end_to_end
 
 
 class MetricsServer:

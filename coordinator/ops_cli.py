@@ -130,7 +130,12 @@ def add_commands(commands: Any, default_target: str) -> None:
     snap.add_argument("tables", nargs="+", metavar="TABLE", help="table URIs or paths")
     snap.add_argument("--as-of", type=as_of, metavar="TS",
                       help="time travel: a commit_ts, or a UTC time like "
-                      "2026-11-26T00:40:00Z (the state after every commit up to then)")
+                      "2026-11-26T00:40:00Z (the state after every commit up to then); with "
+                      "--consistency topology, a completed global barrier")
+    snap.add_argument("--consistency", choices=sorted(_CONSISTENCY), default="snapshot",
+                      help="snapshot: every table at one commit_ts (default); topology: every "
+                      "table at its version at the latest global barrier all completed; "
+                      "read_committed: each table's latest applied version")
     add_common_arguments(snap, default_target)
 
 
@@ -276,21 +281,29 @@ def _pipelines_describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]
 
 
 def _snapshot(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
-    request = pb.GetSnapshotRequest(tables=args.tables)
-    if args.as_of is not None:
+    request = pb.GetSnapshotRequest(tables=args.tables,
+                                    consistency=_CONSISTENCY[args.consistency])
+    if args.as_of is not None and args.consistency == "topology":
+        request.as_of_barrier = args.as_of >> LOGICAL_BITS << LOGICAL_BITS
+    elif args.as_of is not None:
         request.as_of_ts = args.as_of
     reply = call("GetSnapshot", request)
     result = {"snapshot_ts": reply.snapshot_ts, "snapshot_time": _ts_time(reply.snapshot_ts),
+              "consistency": args.consistency,
               "tables": [{"table": t.table, "canonical_table": t.canonical_table,
                           "exists": t.exists,
                           "delta_version": t.delta_version if t.exists else None}
                          for t in reply.tables]}
-    text = f"snapshot_ts {reply.snapshot_ts} ({result['snapshot_time']})\n" + _table(
+    point = "global barrier" if args.consistency == "topology" else "snapshot_ts"
+    text = f"{point} {reply.snapshot_ts} ({result['snapshot_time']})\n" + _table(
         ["TABLE", "DELTA VERSION"],
         [[t["canonical_table"], str(t["delta_version"]) if t["exists"]
           else "(no committed write)"] for t in result["tables"]])
     return result, text
 
+
+_CONSISTENCY = {"snapshot": pb.CONSISTENCY_SNAPSHOT, "topology": pb.CONSISTENCY_TOPOLOGY,
+                "read_committed": pb.CONSISTENCY_READ_COMMITTED}
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace, Call], tuple[Any, str]]] = {
     "transactions list": _list, "transactions describe": _describe,

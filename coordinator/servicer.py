@@ -19,6 +19,8 @@ import grpc
 
 from coordinator import metrics, validation
 from coordinator.auth.access import Guard
+from coordinator.core.leases import check_lease_request
+from coordinator.core.snapshots import Consistency
 from coordinator.leadership import CoreProvider, NotServing
 from coordinator.status_codes import status_for
 from coordinator.store.base import TxnQuery
@@ -159,8 +161,13 @@ def _topology_to_pb(view: Any) -> pb.GetTopologyResponse:
     reply = pb.GetTopologyResponse(barrier_interval_ms=view.barrier_interval_ms,
                                    now_ts=view.now_ts, now_unix_ms=wall_ms_of(view.now_ts))
     for node in view.pipelines:
-        reply.pipelines.add(pipeline_id=node.pipeline_id, generation=node.generation,
-                            root=node.root, reads=node.reads, writes=node.writes)
+        entry = reply.pipelines.add(pipeline_id=node.pipeline_id, generation=node.generation,
+                                    root=node.root, reads=node.reads, writes=node.writes)
+        for name in ("own_delay_ms", "end_to_end_delay_ms"):
+            if getattr(node, name) is not None:
+                setattr(entry, name, getattr(node, name))
+        if node.last_input_barrier is not None:
+            entry.last_input_barrier_ts = node.last_input_barrier
         reply.edges.extend(pb.TopologyEdge(pipeline_id=node.pipeline_id, table=t,
                                            kind=pb.EDGE_READS) for t in node.reads)
         reply.edges.extend(pb.TopologyEdge(pipeline_id=node.pipeline_id, table=t,
@@ -171,7 +178,30 @@ def _topology_to_pb(view: Any) -> pb.GetTopologyResponse:
             entry.completed_barrier_ts = table.completed_barrier
             entry.completed_barrier_unix_ms = wall_ms_of(table.completed_barrier)
             entry.delay_ms = view.delay_ms(table)
+        if table.bottleneck_delay_ms is not None:
+            entry.bottleneck_pipeline = table.bottleneck_pipeline
+            entry.bottleneck_delay_ms = table.bottleneck_delay_ms
     return reply
+
+
+_CONSISTENCY = {pb.CONSISTENCY_UNSPECIFIED: Consistency.SNAPSHOT,
+                pb.CONSISTENCY_SNAPSHOT: Consistency.SNAPSHOT,
+                pb.CONSISTENCY_TOPOLOGY: Consistency.TOPOLOGY,
+                pb.CONSISTENCY_READ_COMMITTED: Consistency.READ_COMMITTED}
+
+
+def _consistency(value: int) -> Consistency:
+    if value not in _CONSISTENCY:
+        raise InvalidArgument(f"consistency {value} is none of SNAPSHOT, TOPOLOGY, "
+                              "READ_COMMITTED")
+    return _CONSISTENCY[value]
+
+
+def _lease_to_pb(lease: Any) -> pb.Lease:
+    return pb.Lease(lease_id=lease.lease_id, holder=lease.holder, barrier_ts=lease.barrier_ts,
+                    created_unix_ms=lease.created_ms, expires_unix_ms=lease.expires_ms,
+                    tables=[pb.TableVersion(table=t, canonical_table=t, exists=True,
+                                            delta_version=v) for t, v in lease.tables])
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
@@ -204,7 +234,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             optional(request, "query_id"), list(request.tables), request.timeout_ms, reports)
         return pb.OpenTransactionResponse(transaction=codec.txn_to_pb(txn),
                                           already_committed=committed,
-                                          locations=codec.locations_to_pb(txn))
+                                          locations=codec.locations_to_pb(txn),
+                                          input_barrier=txn.input_barrier,
+                                          input_after_barrier=core.input_after_barrier(txn))
 
     @rpc
     def DeclareTables(self, core, request, context):  # noqa: N802
@@ -231,7 +263,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         core.check_txn_files(sum(len(w.add_files) for w in request.writes))
         writes = [codec.table_write_from_pb(w) for w in request.writes]
         txn = core.commit(request.txn_id, optional(request, "epoch"), list(request.tables),
-                               writes, release_unwritten=request.release_unwritten)
+                               writes, release_unwritten=request.release_unwritten,
+                               source_offsets=request.source_offsets)
         return pb.CommitTransactionResponse(transaction=codec.txn_to_pb(txn))
 
     @rpc
@@ -295,15 +328,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             batch = (ref.pipeline_id, optional(ref, "generation"), ref.batch_id)
             if batch[1] is not None:
                 validation.check_non_negative("generation", batch[1])
+        consistency = _consistency(request.consistency)
+        check_lease_request(request.lease_ms, request.lease_holder)
         snapshot = core.get_snapshot(
             list(request.tables), request.as_of_ts if as_of == "as_of_ts" else None, batch,
-            request.wait_timeout_ms / 1000 if request.wait_timeout_ms else None)
-        reply = pb.GetSnapshotResponse(snapshot_ts=snapshot.snapshot_ts)
+            request.wait_timeout_ms / 1000 if request.wait_timeout_ms else None, consistency,
+            request.as_of_barrier if as_of == "as_of_barrier" else None)
+        reply = pb.GetSnapshotResponse(snapshot_ts=snapshot.snapshot_ts,
+                                       consistency=request.consistency or pb.CONSISTENCY_SNAPSHOT)
+        if consistency == Consistency.TOPOLOGY:
+            reply.barrier_ts = snapshot.snapshot_ts
         for table in request.tables:
             canonical = core.resolve_table(table)
             version = snapshot.versions[canonical]
             reply.tables.add(table=table, canonical_table=canonical, exists=version is not None,
                              delta_version=version or 0)
+        if request.lease_ms:  # durable before the reply (T3)
+            reply.lease.CopyFrom(_lease_to_pb(core.take_lease(
+                snapshot, request.lease_ms, request.lease_holder)))
         return reply
 
     @rpc
@@ -327,7 +369,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         pipeline, changed, aborted = core.reset_pipeline(
             request.pipeline_id, validation.clean_reason(request.reason),
             optional(request, "expected_generation"),
-            request.require_idle, optional(request, "query_id"))
+            request.require_idle, optional(request, "query_id"),
+            optional(request, "start_barrier"))
         return pb.ResetPipelineResponse(pipeline=codec.pipeline_to_pb(pipeline), changed=changed,
                                         aborted_txn_ids=aborted)
 
@@ -342,3 +385,59 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def GetTopology(self, core, request, context):  # noqa: N802
         validation.check_count("tables", len(request.tables))
         return _topology_to_pb(core.get_topology(list(request.tables)))
+
+    @rpc
+    def PlanBarrier(self, core, request, context):  # noqa: N802
+        plan = core.plan_barrier(request.pipeline_id, optional(request, "generation"),
+                                 optional(request, "after_barrier"))
+        return pb.PlanBarrierResponse(generation=plan.generation,
+                                      start_barrier=plan.start_barrier,
+                                      after_barrier=plan.after_barrier, barrier=plan.barrier,
+                                      has_changes=plan.has_changes)
+
+    @rpc
+    def GetTableChanges(self, core, request, context):  # noqa: N802
+        changes = core.get_table_changes(request.table, request.after_barrier,
+                                         request.upto_barrier)
+        reply = pb.GetTableChangesResponse(canonical_table=changes.canonical_table, changes=[
+            pb.TableChange(delta_version=c.delta_version, commit_ts=c.commit_ts,
+                           barrier=c.barrier, txn_id=c.txn_id) for c in changes.changes])
+        if changes.version_at_after is not None:
+            reply.version_at_after = changes.version_at_after
+        return reply
+
+    @rpc
+    def Revise(self, core, request, context):  # noqa: N802
+        revision = core.revise(request.table, request.to_barrier,
+                               validation.clean_reason(request.reason))
+        return pb.ReviseResponse(
+            txn_id=revision.txn_id, revision_ts=revision.revision_ts,
+            tables=[pb.RevisedTable(table=t.table, restored_version=t.restored_version or 0,
+                                    existed=t.restored_version is not None,
+                                    delta_version=t.delta_version or 0)
+                    for t in revision.tables],
+            pipelines=[pb.RevisedPipeline(pipeline_id=p.pipeline_id, generation=p.generation,
+                                          start_barrier=p.start_barrier)
+                       for p in revision.pipelines],
+            root_pipeline_id=revision.root_pipeline_id,
+            root_batch_id=-1 if revision.root_batch_id is None else revision.root_batch_id,
+            root_source_offsets=revision.root_source_offsets)
+
+    @rpc
+    def ReleaseLease(self, core, request, context):  # noqa: N802
+        return pb.ReleaseLeaseResponse(released=core.release_lease(request.lease_id))
+
+    @rpc
+    def ListLeases(self, core, request, context):  # noqa: N802
+        validation.check_count("tables", len(request.tables))
+        return pb.ListLeasesResponse(leases=[_lease_to_pb(lease)
+                                             for lease in core.list_leases(list(request.tables))])
+
+    @rpc
+    def Vacuum(self, core, request, context):  # noqa: N802
+        result = core.vacuum(request.table, optional(request, "retention_hours"),
+                             request.dry_run)
+        return pb.VacuumResponse(
+            canonical_table=result.table, removed_files=result.removed_files,
+            oldest_needed_version=-1 if result.oldest_needed_version is None
+            else result.oldest_needed_version, kept_for=result.kept_for)

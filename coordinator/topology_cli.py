@@ -1,6 +1,7 @@
 """``percolake-coordinator topology``: the ETL topology as ``GetTopology`` answers it (docs/
 topology.md): pipelines with what they read and write, tables with their writer, readers, last
-completed global barrier and delay. A read of a running coordinator, following its leader.
+completed global barrier, delay and bottleneck, and each pipeline's own and end-to-end delay.
+A read of a running coordinator, following its leader.
 
 Exit status: 0 done, 1 the coordinator refused (its status and message on stderr), 2 bad
 arguments or unusable client settings."""
@@ -23,7 +24,9 @@ def add_command(commands: Any, default_target: str) -> None:
         "topology", help="show pipelines, tables, lineage and barrier delays",
         description="Show the ETL topology: each pipeline (root or downstream) with the "
         "tables it reads and writes, each table with its writing pipeline, its readers, the "
-        "last global barrier it completed and the delay since (docs/topology.md). Needs "
+        "last global barrier it completed, the delay since and its bottleneck (the pipeline "
+        "with the largest own delay on its way from the roots), each pipeline's own and "
+        "end-to-end delay (docs/topology.md). Needs "
         "DESCRIBE on every pipeline when the coordinator authenticates callers.")
     add_common_arguments(topology, default_target)
 
@@ -45,13 +48,18 @@ def topology_json(reply: pb.GetTopologyResponse) -> dict[str, Any]:
                 "completed_barrier_unix_ms":
                     entry.completed_barrier_unix_ms if known else None,
                 "completed_barrier": _iso(entry.completed_barrier_unix_ms) if known else None,
-                "delay_ms": entry.delay_ms if known else None}
+                "delay_ms": entry.delay_ms if known else None,
+                "bottleneck_pipeline": entry.bottleneck_pipeline or None,
+                "bottleneck_delay_ms": _field(entry, "bottleneck_delay_ms")}
 
     return {
         "barrier_interval_ms": reply.barrier_interval_ms, "now_ts": reply.now_ts,
         "now_unix_ms": reply.now_unix_ms, "now": _iso(reply.now_unix_ms),
         "pipelines": [{"pipeline_id": p.pipeline_id, "generation": p.generation,
-                       "root": p.root, "reads": list(p.reads), "writes": list(p.writes)}
+                       "root": p.root, "reads": list(p.reads), "writes": list(p.writes),
+                       "own_delay_ms": _field(p, "own_delay_ms"),
+                       "end_to_end_delay_ms": _field(p, "end_to_end_delay_ms"),
+                       "last_input_barrier_ts": _field(p, "last_input_barrier_ts")}
                       for p in reply.pipelines],
         "tables": [table(t) for t in reply.tables],
         "edges": [{"pipeline_id": e.pipeline_id, "table": e.table,
@@ -65,19 +73,30 @@ def render(result: dict[str, Any]) -> str:
     if not result["pipelines"] and not result["tables"]:
         return "no pipelines"
     pipelines = _columns(
-        ["PIPELINE", "GEN", "KIND", "READS", "WRITES"],
+        ["PIPELINE", "GEN", "KIND", "READS", "WRITES", "OWN DELAY", "END-TO-END"],
         [[p["pipeline_id"], str(p["generation"]), "root" if p["root"] else "downstream",
-          ", ".join(p["reads"]) or "-", ", ".join(p["writes"]) or "-"]
+          ", ".join(p["reads"]) or "-", ", ".join(p["writes"]) or "-",
+          _seconds(p["own_delay_ms"]), _seconds(p["end_to_end_delay_ms"])]
          for p in result["pipelines"]])
     tables = _columns(
-        ["TABLE", "WRITER", "READERS", "COMPLETED BARRIER (UTC)", "DELAY"],
+        ["TABLE", "WRITER", "READERS", "COMPLETED BARRIER (UTC)", "DELAY", "BOTTLENECK"],
         [[t["table"], t["writer"] or "-", ", ".join(t["readers"]) or "-",
-          t["completed_barrier"] or "(not known yet)",
-          "" if t["delay_ms"] is None else f"{t['delay_ms'] / 1000:.1f}s"]
+          t["completed_barrier"] or "(not known yet)", _seconds(t["delay_ms"]),
+          "" if t["bottleneck_pipeline"] is None
+          else f"{t['bottleneck_pipeline']} ({_seconds(t['bottleneck_delay_ms'])})"]
          for t in result["tables"]])
     interval = result["barrier_interval_ms"] / 1000
     return (f"{pipelines}\n\n{tables or 'no tables'}\n\nglobal barriers every {interval:g} s; "
             f"now {result['now']}")
+
+
+def _field(message: Any, name: str) -> int | None:
+    """An optional field's value, None while unset (not known)."""
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def _seconds(ms: int | None) -> str:
+    return "" if ms is None else f"{ms / 1000:.1f}s"
 
 
 def _columns(header: Sequence[str], rows: list[Sequence[str]]) -> str:

@@ -114,6 +114,7 @@ def txn_to_pb(txn: TxnRecord, include_writes: bool = False) -> pb.Transaction:
         start_ts=txn.start_ts, commit_ts=txn.commit_ts,
         epoch=txn.epoch, abort_reason=txn.abort_reason, created_unix_ms=txn.created_ms,
         updated_unix_ms=txn.updated_ms, query_id=txn.query_id, principal=txn.principal,
+        input_barrier=txn.input_barrier, source_offsets=txn.source_offsets,
     )
     for entry in txn.tables.values():
         _participant_to_pb(entry, include_writes, msg.participants.add())

@@ -159,6 +159,10 @@ class TxnRecord:
     updated_ms: int = 0
     row_version: int = 0  # bumped by every durable update; the store's compare-and-set key
     principal: str = ""  # who opened it ("" without authentication): its owner for permissions
+    # docs/topology.md: a downstream batch's input barrier (it read its sources' changes up to
+    # it; 0 for a root batch), and a root batch's Spark source offsets (JSON, or "")
+    input_barrier: int = 0
+    source_offsets: str = ""
 
     def copy(self) -> TxnRecord:
         """An independent copy; the immutable write intents are shared, not re-encoded."""
@@ -210,6 +214,12 @@ class PipelineRecord:
     last_commit_ms: int = 0
     resets: list[ResetRecord] = field(default_factory=list)
     row_version: int = 0
+    # docs/topology.md: where the current generation's percolake input starts, and the
+    # remembered PlanBarrier answer (for plan_generation, after plan_after: up to plan_barrier)
+    start_barrier: int = 0
+    plan_generation: int = -1
+    plan_after: int = 0
+    plan_barrier: int = 0
 
     def copy(self) -> PipelineRecord:
         """An independent copy (structural: no JSON round trip of the resets)."""

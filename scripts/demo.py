@@ -1,15 +1,27 @@
-"""percolake demo: a streaming bank-transfer job writing three Delta tables atomically.
+"""percolake demo: a streaming bank-transfer job writing three Delta tables atomically, and a
+second streaming job deriving a ledger from two of them (the ETL topology).
 
-It starts a coordinator (SQLite in a temporary data dir), runs a Spark streaming job whose every
-micro-batch moves money between accounts and writes a debits, a credits and a balances table
-through the participant, and meanwhile reads the tables two ways:
+It starts a coordinator (SQLite in a temporary data dir, global barriers every second), runs a
+Spark streaming job ``bank`` whose every micro-batch moves money between accounts and writes a
+debits, a credits and a balances table through the participant, and meanwhile reads the tables
+two ways:
 
 - naively: each table's latest Delta version on its own, one after the other;
 - through percolake: one snapshot (a Delta version per table) from the coordinator.
 
-Money is only moved, never made, so sum(debits) == sum(credits) in every consistent state. The
-demo counts how many reads of each kind broke that, shows the transactions with grpcurl, and
-ends by itself.
+Money is only moved, never made, so sum(debits) == sum(credits) in every consistent state.
+
+A second streaming query ``ledger`` reads debits and credits through the percolake streaming
+source and appends one ledger row per input row (account, signed amount, the batch's input
+barrier). So count(ledger) == count(debits) + count(credits) and sum(|ledger.amount|) ==
+sum(debits.amount) + sum(credits.amount) in every state that shows the ledger exactly as the
+debits and credits it shows. The demo reads the three tables naively (read_committed: each
+table's latest version), as one snapshot (one commit_ts) and topology-consistent (each table at
+one global barrier all three completed): the first two break the ledger check while the ledger
+lags, the third never does (the demo fails if it does).
+
+The demo counts how many reads of each kind broke each check, shows the transactions with
+grpcurl and the topology with its delays, and ends by itself.
 
 Where it runs (default: local Spark, local Delta tables):
 
@@ -48,13 +60,17 @@ from pyspark.sql import functions as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import sparkside  # noqa: E402
 from coordinator.launcher import DaemonProcess  # noqa: E402
 from percolake.lake.arrow_read import read_delta_table  # noqa: E402
 from percolake.lake.storage import s3_settings  # noqa: E402
 from percolake.lake.warehouse import is_object_store  # noqa: E402
-from sparkside import ConsistentReader, Participant, local_spark  # noqa: E402
+from sparkside import ConsistentReader, Participant, PercolakeError, local_spark  # noqa: E402
 
 ACCOUNTS = 8
+BARRIER_INTERVAL_S = "1"  # the demo's global barriers: short, so the ledger moves in its time
+LEDGER_WAYS = {"naive (read_committed)": "read_committed", "snapshot": "snapshot",
+               "topology": "topology"}
 OPENING_BALANCE = 1_000
 # Both readers read debits, then credits this long after: reading a real table takes time.
 READ_GAP_S = 0.25
@@ -131,6 +147,110 @@ class Readers:
             credits = table_sum(tables[1], snap.versions[tables[1]])
             self.snapshot[0] += 1
             self.snapshot[1] += debits != credits
+
+
+def table_totals(table: str, version: int | None, absolute: bool = False) -> tuple[int, int]:
+    """(rows, sum(amount)) of a table at ``version`` (sum(|amount|) with ``absolute``)."""
+    if version is None:
+        return 0, 0
+    amounts = read_delta_table(table, version, columns=["amount"]).column("amount")
+    if absolute:
+        amounts = pyarrow.compute.abs(amounts)
+    return len(amounts), int(pyarrow.compute.sum(amounts).as_py() or 0)
+
+
+class LedgerReaders:
+    """A thread reading (debits, credits, ledger) naively, as one snapshot and topology-
+    consistent, in turn; counts the reads that break the ledger check."""
+
+    def __init__(self, spark, target: str, lake: str) -> None:  # noqa: ANN001
+        self.tables = [f"{lake}/debits", f"{lake}/credits", f"{lake}/ledger"]
+        self.reader = ConsistentReader(spark, target)
+        self.stop = threading.Event()
+        self.counts = {way: [0, 0] for way in LEDGER_WAYS}  # reads, broken
+        self.unanswered = 0  # topology reads before every table completed a barrier
+        self.last_topology: tuple[int, tuple[int, int], tuple[int, int], tuple[int, int]] | None \
+            = None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            for way in LEDGER_WAYS:
+                self.read(way)
+            self.stop.wait(0.2)
+
+    def read(self, way: str) -> bool | None:
+        """One read; whether it held (None: no answer yet)."""
+        try:
+            snap = self.reader.snapshot(self.tables, consistency=LEDGER_WAYS[way])
+        except PercolakeError:  # a topology barrier every table completed is not known yet
+            self.unanswered += 1
+            return None
+        debits, credits, ledger = (
+            table_totals(t, snap.versions[t], absolute=t.endswith("/ledger"))
+            for t in self.tables)
+        holds = ledger[0] == debits[0] + credits[0] and ledger[1] == debits[1] + credits[1]
+        self.counts[way][0] += 1
+        self.counts[way][1] += not holds
+        if way == "topology":
+            self.last_topology = (snap.barrier_ts or 0, debits, credits, ledger)
+        return holds
+
+    def describe(self) -> str:
+        return " | ".join(f"{way.split()[0]} {reads} ({broken} broken)"
+                          for way, (reads, broken) in self.counts.items())
+
+
+def ledger_job(lake: str):  # noqa: ANN201
+    """The ledger's foreachBatch: one row per debit or credit read, with the batch's input
+    barrier (the global barrier its percolake sources ended on)."""
+
+    def write_batch(batch_df, batch_id, txn):  # noqa: ANN001, ANN202
+        if batch_df.isEmpty():  # an empty step: only the input barrier moves on
+            return
+        txn.write(batch_df.select("account", "amount", F.lit(txn.input_barrier)
+                                  .cast("long").alias("input_barrier")), f"{lake}/ledger")
+
+    return write_batch
+
+
+def start_ledger(spark, target: str, lake: str, work: Path):  # noqa: ANN001, ANN201
+    """The second streaming query: debits and credits through the percolake source, unioned
+    (debits negative), into the ledger through its own participant."""
+    sparkside.register(spark)
+
+    def source(table: str):  # noqa: ANN202
+        return (spark.readStream.format("percolake").option("coordinator", target)
+                .option("pipeline", "ledger").load(f"{lake}/{table}"))
+
+    entries = source("debits").select("account", (-F.col("amount")).alias("amount")) \
+        .unionByName(source("credits").select("account", "amount"))
+    signal = BatchSignal(Participant(target, pipeline_id="ledger").wrap(ledger_job(lake)))
+    query = (entries.writeStream.foreachBatch(signal)
+             .option("checkpointLocation", str(work / "checkpoints" / "ledger"))
+             .trigger(processingTime="500 milliseconds").start())
+    return query, signal
+
+
+def wait_ledger_caught_up(readers: LedgerReaders, timeout_s: float = 90) -> bool:
+    """After the bank stopped: waits until a topology read shows every debit and the check
+    holds (the ledger derived everything the bank wrote)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        naive = readers.reader.snapshot(readers.tables[:1], consistency="read_committed")
+        wanted = table_totals(readers.tables[0], naive.versions[readers.tables[0]])
+        if readers.read("topology") and readers.last_topology \
+                and readers.last_topology[1] == wanted:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def bank_job(spark, lake: str, reader: ConsistentReader):  # noqa: ANN001, ANN201
@@ -234,7 +354,8 @@ class HaPair:
         self.postgres = PostgresServer(work / "postgres").start()
         cleanup.callback(self.postgres.stop)
         dsn = self.postgres.create_database("percolake")
-        store_args = ["--store", dsn, "--lease-s", f"{lease_s:g}"]
+        store_args = ["--store", dsn, "--lease-s", f"{lease_s:g}",
+                      "--barrier-interval", BARRIER_INTERVAL_S]
         self.lease_s = lease_s
         self.daemons, self.views = [], []
         for name in ("a", "b"):
@@ -352,7 +473,8 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
         target = pair.target
     else:
         flags, views = operator_views()
-        daemon = DaemonProcess(work / "coordinator-data", [lake], extra_args=flags)
+        daemon = DaemonProcess(work / "coordinator-data", [lake],
+                               extra_args=[*flags, "--barrier-interval", BARRIER_INTERVAL_S])
         daemon.start()
         cleanup.callback(daemon.stop)
         say(f"coordinator serving on {daemon.target} (SQLite in {daemon.data_dir}); {views}")
@@ -373,6 +495,8 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
              .trigger(processingTime="0 seconds").start())
     readers = Readers(spark, target, lake)
     readers.start()
+    ledger_readers = LedgerReaders(spark, target, lake)
+    ledger_query = ledger_signal = None
     started = time.monotonic()
     kill_at = started + args.seconds / 2 if pair else float("inf")
     killed_at: float | None = None
@@ -391,17 +515,36 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
                     batch, finished = batch_after_kill
                     say(f"batch {batch} finished {finished - killed_at:.1f} s after the kill: "
                         "the job goes on with the new leader")
+            if ledger_query is None and signal.done:  # debits and credits exist now
+                ledger_query, ledger_signal = start_ledger(spark, target, lake, work)
+                ledger_readers.start()
+                say("ledger started: a second streaming query reading debits and credits "
+                    "through the percolake source")
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + 5
                 progress = query.lastProgress or {}
                 say(f"batch {progress.get('batchId', '-'):>3} | naive reads "
                     f"{readers.naive[0]:>4} ({readers.naive[1]} broken) | snapshot reads "
                     f"{readers.snapshot[0]:>4} ({readers.snapshot[1]} broken)")
+                if ledger_query is not None:
+                    ledger_batch = (ledger_query.lastProgress or {}).get("batchId", "-")
+                    say(f"ledger batch {ledger_batch:>3} | ledger check reads: "
+                        f"{ledger_readers.describe()}")
     finally:
         signal.stop_after_next_batch(query)
         readers.finish()
+        caught_up = False
+        if ledger_query is not None:
+            if query.exception() is None and ledger_query.isActive:
+                caught_up = wait_ledger_caught_up(ledger_readers)
+            ledger_readers.finish()
+            ledger_signal.stop_after_next_batch(ledger_query)
     if query.exception():
         say(f"the streaming query failed: {query.exception()}")
+        return 1
+    if ledger_query is None or ledger_query.exception():
+        say("the ledger query failed: "
+            f"{ledger_query.exception() if ledger_query else 'it never started'}")
         return 1
 
     leader_target = pair.leader().target if pair else target
@@ -421,6 +564,15 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
     print(f"  sum(debits) = {debits}, sum(credits) = {credits}, total balance = {total} "
           f"(opening {ACCOUNTS * OPENING_BALANCE})")
     print(f"  rows written twice (debits and credits): {duplicates}")
+    print("ledger check: count(ledger) == count(debits) + count(credits) and sum(|ledger.amount|)"
+          " == sum(debits.amount) + sum(credits.amount)")
+    for way, (reads, broken) in ledger_readers.counts.items():
+        print(f"  {way + ' reads:':<28}{reads:>5}, of which broke it: {broken}")
+    if ledger_readers.last_topology:
+        barrier, d, c, led = ledger_readers.last_topology
+        print(f"  last topology read at barrier {barrier}: debits {d[0]} rows / {d[1]}, credits "
+              f"{c[0]} rows / {c[1]}, ledger {led[0]} rows / {led[1]}"
+              f"{'' if caught_up else ' (the ledger had not caught up when the demo ended)'}")
     if pair:
         print(f"takeover after SIGKILL of the leader: {takeover_s:.2f} s to SERVING"
               if takeover_s is not None else "the job ended before the leader was killed")
@@ -455,10 +607,15 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
         return 2
     consistent = readers.snapshot[1] == 0 and debits == credits and duplicates == 0 \
         and total == ACCOUNTS * OPENING_BALANCE
+    topology_reads, topology_broken = ledger_readers.counts["topology"]
+    topology_held = topology_reads > 0 and topology_broken == 0
     across = " across the takeover" if pair else ""
     say(f"done: every snapshot read was consistent{across}, every batch written once"
         if consistent else "INCONSISTENCY FOUND: see above")
-    return 0 if consistent else 2
+    say(f"ledger: every one of {topology_reads} topology reads held the ledger check"
+        if topology_held else "LEDGER CHECK FAILED: a topology read broke it or none was "
+        "answered (see above)")
+    return 0 if consistent and topology_held else 2
 
 
 if __name__ == "__main__":

@@ -1,21 +1,46 @@
-"""percolake's Spark side: the participant that wraps ``foreachBatch`` and the consistent reader."""
+"""percolake's Spark side: the participant that wraps ``foreachBatch``, the consistent reader
+and the percolake streaming source.
 
-from sparkside.errors import (
-    BatchRefused,
-    CommitOutcomeUnknown,
-    CoordinatorUnavailable,
-    PercolakeError,
-    SchemaMismatch,
-    TableNotWritten,
-    TransactionAborted,
-    WriteConflict,
-)
-from sparkside.participant import BatchTransaction, Participant
-from sparkside.reader import ConsistentReader, Snapshot
-from sparkside.session import configure_spark, local_spark
+Names are imported on first use: Spark's Python workers import ``sparkside.source`` (the
+streaming source) without the participant, whose Delta commits load delta-rs, which must not
+run in a forked worker.
+"""
 
-__all__ = [
-    "BatchRefused", "BatchTransaction", "CommitOutcomeUnknown", "ConsistentReader",
-    "CoordinatorUnavailable", "Participant", "PercolakeError", "SchemaMismatch", "Snapshot",
-    "TableNotWritten", "TransactionAborted", "WriteConflict", "configure_spark", "local_spark",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "BatchRefused": "sparkside.errors",
+    "CommitOutcomeUnknown": "sparkside.errors",
+    "CoordinatorUnavailable": "sparkside.errors",
+    "NotAppendOnly": "sparkside.errors",
+    "PercolakeError": "sparkside.errors",
+    "SchemaMismatch": "sparkside.errors",
+    "TableNotWritten": "sparkside.errors",
+    "TransactionAborted": "sparkside.errors",
+    "WriteConflict": "sparkside.errors",
+    "BatchTransaction": "sparkside.participant",
+    "Participant": "sparkside.participant",
+    "ConsistentReader": "sparkside.reader",
+    "Snapshot": "sparkside.reader",
+    "register": "sparkside.source",
+    "configure_spark": "sparkside.session",
+    "local_spark": "sparkside.session",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'sparkside' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -41,3 +41,8 @@ class TableNotWritten(PercolakeError):
 
 class ObjectStoreNotConfigured(PercolakeError):
     """The SparkSession cannot reach the object store: Hadoop's S3 connector is missing."""
+
+
+class NotAppendOnly(PercolakeError):
+    """A change the percolake source cannot stream (a version that removed rows); a table
+    written by overwrite is read whole in the batch with ``txn.read(table)``."""

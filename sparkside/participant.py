@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from percolake import codec
 from percolake.credentials import ClientSecurity
@@ -30,6 +30,7 @@ from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
+from sparkside.checkpoint_offsets import batch_source_offsets
 from sparkside.client import CoordinatorClient
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
@@ -38,9 +39,11 @@ from sparkside.errors import (
     CommitOutcomeUnknown,
     CoordinatorUnavailable,
     InvalidRequest,
+    TableNotWritten,
     WriteConflict,
 )
 from sparkside.heartbeat import Heartbeat
+from sparkside.reader import read_table_version, snapshot_once_completed, topology_request
 from sparkside.schema_check import SchemaChecker
 from sparkside.session import use_object_store_settings
 from sparkside.writer import delta_schema_json, write_files
@@ -58,10 +61,16 @@ class BatchTransaction:
     """What the user's function writes through: ``txn.write(df, table, mode, partition_by)``."""
 
     def __init__(self, client: CoordinatorClient, opened: pb.OpenTransactionResponse,
-                 epoch: int | None, schemas: SchemaChecker) -> None:
+                 epoch: int | None, schemas: SchemaChecker,
+                 spark: SparkSession | None = None) -> None:
         self._client = client
+        self._spark = spark
         self.txn_id = opened.transaction.txn_id
         self.batch_id = opened.transaction.batch_id
+        self.pipeline_id = opened.transaction.pipeline_id
+        # The batch's input range (after, barrier] planned by its percolake sources; 0: none.
+        self.input_barrier: int = opened.input_barrier
+        self.input_after_barrier: int = opened.input_after_barrier
         self._epoch = epoch
         self._schemas = schemas
         # Filled by finish_writes, in the order of the write() calls.
@@ -123,6 +132,32 @@ class BatchTransaction:
 
         self.running.submit(df.sparkSession, table, write_table)
 
+    def read(self, table: str) -> DataFrame:
+        """``table`` whole, as it was at this batch's input barrier (docs/topology.md).
+
+        Registers the read edge (this pipeline reads ``table``), then reads the table's version
+        at the input barrier (a topology snapshot), so a slowly changing table joins the
+        batch's streamed rows consistently and a replayed batch reads the same. A batch without
+        an input barrier (no percolake source) reads the table at its latest completed barrier.
+
+        Raises:
+            BatchRefused: the table has not completed the barrier (or a cycle, ownership).
+            TableNotWritten: the table did not exist yet at that barrier.
+        """
+        if self._spark is None:
+            raise ValueError("this BatchTransaction has no SparkSession to read with")
+        register = pb.RegisterReadsRequest(pipeline_id=self.pipeline_id, tables=[table])
+        if self._epoch is not None:
+            register.epoch = self._epoch
+        self._client.call("RegisterReads", register)
+        reply = snapshot_once_completed(
+            self._client, topology_request([table], self.input_barrier or None))
+        version = reply.tables[0]
+        if not version.exists:
+            raise TableNotWritten(f"table {table} has no committed version at barrier "
+                                  f"{reply.barrier_ts} (batch {self.batch_id})")
+        return read_table_version(self._spark, version.canonical_table, version.delta_version)
+
     def finish_writes(self) -> None:
         """Waits for every write so far; raises the first failure in call order (the others
         stopped). The commit calls it; the user's function may too, to have the writes so far
@@ -165,6 +200,9 @@ class Participant:
         token: bearer token sent on every call. Each of these four None: its environment
             variable (``PERCOLAKE_TLS_CA``, ``_TLS_CERT``, ``_TLS_KEY``, ``PERCOLAKE_TOKEN``
             or ``PERCOLAKE_TOKEN_FILE``); see :mod:`percolake.credentials`.
+        checkpoint_location: the query's ``checkpointLocation``; given, each batch's source
+            offsets (Spark's offset log entry of the batch) are recorded with its commit, so
+            a revision can name where a root pipeline restarts.
 
     Raises:
         ValueError: a bad argument; ``SecuritySettingsError`` names an unusable security file
@@ -175,7 +213,7 @@ class Participant:
                  heartbeat_s: float = 10.0, txn_timeout_s: float | None = None,
                  on_checkpoint_reset: str = "refuse", tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, checkpoint_location: str | None = None) -> None:
         if on_checkpoint_reset not in CHECKPOINT_RESET_POLICIES:
             raise ValueError(f"on_checkpoint_reset must be one of {CHECKPOINT_RESET_POLICIES}")
         self.pipeline_id = pipeline_id
@@ -188,6 +226,7 @@ class Participant:
         self.heartbeat_s = heartbeat_s if txn_timeout_s is None \
             else min(heartbeat_s, txn_timeout_s / 3)
         self.on_checkpoint_reset = on_checkpoint_reset
+        self.checkpoint_location = checkpoint_location
         self._query_id: str | None = None
         self.epoch: int | None = None
         self.generation: int | None = None
@@ -224,7 +263,8 @@ class Participant:
             self.finish_secondaries(txn.txn_id)
             return
         fail_point("after-open", batch_id)
-        handle = BatchTransaction(self.client, opened, self.epoch, self._schemas)
+        handle = BatchTransaction(self.client, opened, self.epoch, self._schemas,
+                                  batch_df.sparkSession)
         try:
             with Heartbeat(self.client, txn.txn_id, self.epoch, self.heartbeat_s):
                 with unpersist_waits_for(handle.running):
@@ -237,7 +277,8 @@ class Participant:
             raise
         fail_point("after-commit-reply", batch_id)
         self._expected_tables = list(handle.writes)
-        self._apply(committed, handle.writes)
+        in_commit = {p.table for p in committed.participants}  # not the writes left out
+        self._apply(committed, {t: w for t, w in handle.writes.items() if t in in_commit})
 
     def finish_secondaries(self, txn_id: str) -> None:
         """Applies whatever tables of a committed transaction are not yet applied."""
@@ -328,11 +369,18 @@ class Participant:
 
     def _commit(self, handle: BatchTransaction) -> pb.Transaction:
         """Prewrite and commit in one call: the write intents ride on the commit request, and
-        tables declared at Open that this batch did not write are released."""
+        tables declared at Open that this batch did not write are released, so are the empty
+        appends of a batch with an input barrier (no change: left out, as the coordinator
+        does, so an empty step never pulls its table's completed barrier back)."""
+        writes = [w for w in handle.writes.values()
+                  if not (handle.input_barrier and w.mode == WriteMode.APPEND
+                          and not w.add_files)]
         request = pb.CommitTransactionRequest(
-            txn_id=handle.txn_id, epoch=self.epoch, tables=list(handle.writes),
-            writes=[codec.table_write_to_pb(w) for w in handle.writes.values()],
-            release_unwritten=True)
+            txn_id=handle.txn_id, epoch=self.epoch, tables=[w.table for w in writes],
+            writes=[codec.table_write_to_pb(w) for w in writes], release_unwritten=True)
+        if self.checkpoint_location:
+            request.source_offsets = batch_source_offsets(self.checkpoint_location,
+                                                          handle.batch_id)
         try:
             return self.client.call("CommitTransaction", request).transaction
         except CoordinatorUnavailable as exc:

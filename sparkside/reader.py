@@ -3,10 +3,17 @@
 GetSnapshot answers a snapshot_ts and a Delta version per table (the coordinator first rolls
 forward committed writes that are not applied yet). Each table is then read at exactly that
 version with delta-spark (``versionAsOf``); the session needs it (``sparkside.configure_spark``).
+
+Three consistencies (docs/topology.md): ``snapshot`` (every table at one commit_ts),
+``topology`` (every table at its version at the latest global barrier all of them completed:
+a derived table shows exactly the result of its inputs as shown) and ``read_committed`` (each
+table's latest applied version). A topology answer never goes backwards (T2): the coordinator
+keeps that rule, and the reader keeps it too, per set of tables, across coordinators.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -15,18 +22,37 @@ from percolake.credentials import ClientSecurity
 from percolake.lake.warehouse import is_object_store, spark_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
-from sparkside.errors import ObjectStoreNotConfigured, TableNotWritten
+from sparkside.errors import BatchRefused, ObjectStoreNotConfigured, TableNotWritten
 from sparkside.session import use_object_store_settings
 
 AsOf = int | tuple[str, int] | tuple[str, int, int] | None
+CONSISTENCIES = {"snapshot": pb.CONSISTENCY_SNAPSHOT, "topology": pb.CONSISTENCY_TOPOLOGY,
+                 "read_committed": pb.CONSISTENCY_READ_COMMITTED}
+_CONSISTENCY_NAMES = {value: name for name, value in CONSISTENCIES.items()}
+COMPLETION_POLL_S = 0.5
 
 
 class Snapshot:
-    """The tables at one snapshot: ``table(name)``, ``snapshot_ts`` and ``versions``."""
+    """The tables at one snapshot: ``table(name)``, ``snapshot_ts`` and ``versions``.
 
-    def __init__(self, spark: SparkSession, reply: pb.GetSnapshotResponse) -> None:
+    ``consistency`` is the answer's ("snapshot", "topology" or "read_committed");
+    ``barrier_ts`` the global barrier a topology snapshot is at (None otherwise); ``lease_id``
+    (also ``lease``) the lease taken with ``lease_s`` (None without), given back by
+    ``release()``.
+    """
+
+    def __init__(self, spark: SparkSession, reply: pb.GetSnapshotResponse,
+                 client: CoordinatorClient | None = None) -> None:
         self._spark = spark
+        self._client = client
         self.snapshot_ts: int = reply.snapshot_ts
+        self.consistency: str = _CONSISTENCY_NAMES.get(reply.consistency, "snapshot")
+        self.barrier_ts: int | None = (reply.barrier_ts if reply.consistency
+                                       == pb.CONSISTENCY_TOPOLOGY else None)
+        self.lease_id: str | None = reply.lease.lease_id if reply.HasField("lease") and \
+            reply.lease.lease_id else None
+        self.lease_expires_unix_ms: int | None = (reply.lease.expires_unix_ms
+                                                  if self.lease_id else None)
         self.versions: dict[str, int | None] = {
             t.table: (t.delta_version if t.exists else None) for t in reply.tables}
         self._canonical = {t.table: t.canonical_table for t in reply.tables}
@@ -46,6 +72,20 @@ class Snapshot:
                 f"table {name} has no committed write at or before snapshot {self.snapshot_ts}")
         return read_table_version(self._spark, self._canonical[name], version)
 
+    @property
+    def lease(self) -> str | None:
+        """The id of the lease held on this snapshot's versions (``lease_id``)."""
+        return self.lease_id
+
+    def release(self) -> bool:
+        """Gives the lease back (its files may be vacuumed again). True if it was held; False
+        without a lease or when it had expired or was released before."""
+        if self.lease_id is None or self._client is None:
+            return False
+        reply = self._client.call("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=self.lease_id))
+        self.lease_id = None
+        return reply.released
+
 
 class ConsistentReader:
     """Snapshots of several tables from the coordinator at ``target``.
@@ -63,19 +103,46 @@ class ConsistentReader:
         security = ClientSecurity.resolve(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
                                           token=token)
         self._client = CoordinatorClient(target, retry_s, security)
+        # T2 on this side: the newest topology barrier answered per set of tables.
+        self._topology_floor: dict[frozenset[str], int] = {}
 
     def snapshot(self, tables: Sequence[str], as_of: AsOf = None,
-                 wait_s: float | None = None) -> Snapshot:
+                 wait_s: float | None = None, *, consistency: str = "snapshot",
+                 barrier: int | None = None, lease_s: float | None = None,
+                 lease_holder: str | None = None) -> Snapshot:
         """A consistent snapshot of ``tables``.
 
         Args:
             tables: absolute paths or ``file://`` URIs; ``Snapshot.table`` takes the same strings.
             as_of: None for the latest; a commit_ts to travel to; ``(pipeline, batch)`` for the
                 state right after that batch of the current generation, or
-                ``(pipeline, generation, batch)``.
+                ``(pipeline, generation, batch)``. Not with ``consistency="topology"``.
             wait_s: how long the coordinator may spend rolling commits forward.
+            consistency: ``"snapshot"`` (one commit_ts), ``"topology"`` (every table at its
+                version at the latest global barrier all of them completed) or
+                ``"read_committed"`` (each table's latest applied version).
+            barrier: with ``"topology"``, a completed global barrier to read at instead of the
+                latest (time travel); without it the answer never goes below an earlier one
+                of this reader for the same tables.
+            lease_s: keep the answer's versions from vacuum for this long (``Snapshot.release``
+                ends it sooner); ``lease_holder`` names the holder (shown in refusals).
+
+        Raises:
+            BatchRefused: the barrier is not completed yet or below the retention floor.
+            ValueError: a bad combination of arguments.
         """
-        request = pb.GetSnapshotRequest(tables=list(tables))
+        if consistency not in CONSISTENCIES:
+            raise ValueError(f"consistency must be one of {sorted(CONSISTENCIES)}, "
+                             f"got {consistency!r}")
+        if barrier is not None and consistency != "topology":
+            raise ValueError("barrier= reads a topology snapshot: pass consistency='topology'")
+        if consistency == "topology":
+            if as_of is not None:
+                raise ValueError("a topology snapshot travels with barrier=, not as_of=")
+            return self._topology_snapshot(tables, barrier, wait_s, lease_s, lease_holder)
+        request = self._request(tables, wait_s, lease_s, lease_holder)
+        if consistency != "snapshot":  # unspecified is the snapshot, for older coordinators
+            request.consistency = CONSISTENCIES[consistency]
         if isinstance(as_of, int) and not isinstance(as_of, bool):
             request.as_of_ts = as_of
         elif isinstance(as_of, tuple) and len(as_of) == 2:
@@ -86,12 +153,73 @@ class ConsistentReader:
         elif as_of is not None:
             raise ValueError("as_of is a commit_ts, (pipeline, batch) or "
                              f"(pipeline, generation, batch); got {as_of!r}")
+        return Snapshot(self._spark, self._client.call("GetSnapshot", request), self._client)
+
+    def _request(self, tables: Sequence[str], wait_s: float | None, lease_s: float | None,
+                 lease_holder: str | None) -> pb.GetSnapshotRequest:
+        request = pb.GetSnapshotRequest(tables=list(tables))
         if wait_s is not None:
             request.wait_timeout_ms = int(wait_s * 1000)
-        return Snapshot(self._spark, self._client.call("GetSnapshot", request))
+        if lease_s is not None:
+            if lease_s <= 0:
+                raise ValueError(f"lease_s must be positive, got {lease_s}")
+            request.lease_ms = max(1, int(lease_s * 1000))
+            if lease_holder:
+                request.lease_holder = lease_holder
+        return request
+
+    def _topology_snapshot(self, tables: Sequence[str], barrier: int | None,
+                           wait_s: float | None, lease_s: float | None,
+                           lease_holder: str | None) -> Snapshot:
+        request = topology_request(tables, barrier,
+                                   self._request(tables, wait_s, lease_s, lease_holder))
+        snapshot = Snapshot(self._spark, self._client.call("GetSnapshot", request), self._client)
+        if barrier is not None:
+            return snapshot  # time travel: the floor is for the latest answers only
+        key = frozenset(snapshot._canonical.values())
+        floor = self._topology_floor.get(key)
+        if floor is not None and (snapshot.barrier_ts or 0) < floor:
+            # An answer below one already given (a coordinator that does not know the earlier
+            # answer): ask at the earlier barrier, which every table completed before.
+            snapshot.release()
+            request.as_of_barrier = floor
+            snapshot = Snapshot(self._spark, snapshot_once_completed(self._client, request),
+                                self._client)
+        self._topology_floor[key] = max(floor or 0, snapshot.barrier_ts or 0)
+        return snapshot
 
     def close(self) -> None:
         self._client.close()
+
+
+def snapshot_once_completed(client: CoordinatorClient,
+                            request: pb.GetSnapshotRequest) -> pb.GetSnapshotResponse:
+    """GetSnapshot at a barrier, asked again while the coordinator says a table has not
+    completed it yet (a table read for the first time, a coordinator catching up), within the
+    client's retry time."""
+    deadline = time.monotonic() + client.retry_s
+    while True:
+        try:
+            return client.call("GetSnapshot", request)
+        except BatchRefused as refused:
+            if "not completed" not in str(refused) or time.monotonic() > deadline:
+                raise
+        time.sleep(COMPLETION_POLL_S)
+
+
+def topology_request(tables: Sequence[str], barrier: int | None,
+                     base: pb.GetSnapshotRequest | None = None) -> pb.GetSnapshotRequest:
+    """A GetSnapshot request of a topology snapshot of ``tables``: at ``barrier`` (a completed
+    global barrier) if given, else at the latest barrier all of them completed."""
+    request = pb.GetSnapshotRequest()
+    if base is not None:
+        request.CopyFrom(base)
+    del request.tables[:]
+    request.tables.extend(tables)
+    request.consistency = pb.CONSISTENCY_TOPOLOGY
+    if barrier is not None:
+        request.as_of_barrier = barrier
+    return request
 
 
 def read_table_version(spark: SparkSession, table_uri: str, version: int) -> DataFrame:

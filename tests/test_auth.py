@@ -423,6 +423,22 @@ def test_get_topology_needs_describe_on_every_pipeline(secured):
     assert secured.as_("root").GetTopology(pb.GetTopologyRequest()).barrier_interval_ms == 5000
 
 
+def test_leases_need_read_on_their_tables_and_vacuum_needs_admin_and_write(secured):
+    mine, theirs = secured.table("alice"), secured.table("bob")
+    carol = secured.as_("carol")
+    reply = carol.GetSnapshot(pb.GetSnapshotRequest(tables=[mine], lease_ms=60_000,
+                                                    lease_holder="carol"))
+    assert reply.lease.lease_id and reply.lease.holder == "carol"
+    assert carol.ListLeases(pb.ListLeasesRequest(tables=[mine])) is not None
+    expect_status(carol.ListLeases, pb.ListLeasesRequest(tables=[theirs]), DENIED, "READ")
+    expect_status(carol.ListLeases, pb.ListLeasesRequest(), DENIED, "ADMIN", "every pipeline")
+    assert not carol.ReleaseLease(pb.ReleaseLeaseRequest(lease_id="lease-none")).released
+    expect_status(secured.as_("alice").Vacuum, pb.VacuumRequest(table=mine, dry_run=True),
+                  DENIED, "ADMIN", "every pipeline")
+    expect_status(secured.as_("root").Vacuum, pb.VacuumRequest(table=mine, dry_run=True),
+                  DENIED, "WRITE", f"table file://{os.path.realpath(mine)}")
+
+
 # ---------------------------------------------------------------- management
 
 def cli(secured: Secured, *args: str, token: str | None = None) -> subprocess.CompletedProcess:

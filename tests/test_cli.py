@@ -83,6 +83,8 @@ def test_console_script_runs():
     (["serve", "--data-dir", "/tmp/x", "--warehouse", "/lake", "--txn-timeout", "0"],
      ["--txn-timeout", "must be > 0"]),
     (["reset-pipeline", "--pipeline", "p"], ["--reason"]),
+    (["reset-pipeline", "--pipeline", "p", "--reason", "r", "--start-barrier", "-1"],
+     ["--start-barrier", "must be >= 0"]),
     (["no-such-command"], ["no-such-command"]),
 ])
 def test_bad_command_lines_exit_2_naming_the_problem(args, words):
@@ -137,3 +139,14 @@ def test_reset_pipeline_cli(daemon):
                                                                generation=0), timeout=30)
     assert {t.txn_id: pb.TransactionState.Name(t.state) for t in history.transactions} == {
         old.transaction.txn_id: "APPLIED", live.transaction.txn_id: "ABORTED"}
+
+
+def test_reset_pipeline_cli_starts_the_new_generation_at_the_start_barrier(daemon):
+    stub = daemon.stub
+    stub.RegisterPipeline(pb.RegisterPipelineRequest(pipeline_id="late-reader"), timeout=30)
+    start = 7 << 30
+    reset = cli("reset-pipeline", "--target", daemon.target, "--pipeline", "late-reader",
+                "--reason", "history pruned", "--start-barrier", str(start), check=True)
+    assert json.loads(reset.stdout)["generation"] == 1
+    plan = stub.PlanBarrier(pb.PlanBarrierRequest(pipeline_id="late-reader"), timeout=30)
+    assert (plan.generation, plan.start_barrier, plan.after_barrier) == (1, start, start)

@@ -15,7 +15,7 @@ from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import report_applied, table_write, unique, wait_for
 
 # every label name the exposition may carry; pipeline only on the per-pipeline gauge
-ALLOWED_LABELS = {"method", "code", "state", "reason", "outcome", "pipeline", "le"}
+ALLOWED_LABELS = {"method", "code", "state", "reason", "outcome", "pipeline", "table", "le"}
 
 
 def _free_port() -> int:
@@ -192,7 +192,11 @@ def test_labels_are_bounded_and_name_no_transaction(served):
     extra = {k for s in percolake for k in s.labels} - ALLOWED_LABELS
     assert not extra, f"unexpected label names {extra}"
     pipelines = {s.name for s in percolake if "pipeline" in s.labels}
-    assert pipelines == {"percolake_pipeline_seconds_since_last_commit"}
+    assert pipelines == {"percolake_pipeline_seconds_since_last_commit",
+                         "percolake_pipeline_own_delay_seconds",
+                         "percolake_pipeline_end_to_end_delay_seconds"}
+    tables = {s.name for s in percolake if "table" in s.labels}  # one series per table
+    assert tables == {"percolake_table_delay_seconds"}
 
 
 def test_a_standby_exports_leader_zero_and_no_core_gauges():

@@ -249,6 +249,26 @@ def test_snapshot_versions_now_and_as_of(scene):
     assert canonical(scene.done_table) in text
 
 
+def test_snapshot_at_the_other_consistency_levels(scene):
+    # the done table's pipeline is a root: its table completes every barrier below its commit
+    topo = as_json("snapshot", scene.done_table, "--consistency", "topology",
+                   "--target", scene.target)
+    assert topo["consistency"] == "topology"
+    assert topo["snapshot_ts"] % (1 << 18) == 0  # a global barrier starts its millisecond
+    done = as_json("transactions", "describe", scene.done, "--target", scene.target)
+    expected = scene.done_version if topo["snapshot_ts"] >= done["commit_ts"] else None
+    assert topo["tables"][0]["delta_version"] == expected
+    text = ok("snapshot", scene.done_table, "--consistency", "topology", "--target",
+              scene.target)
+    assert text.startswith("global barrier ")
+    latest = as_json("snapshot", scene.done_table, "--consistency", "read_committed",
+                     "--target", scene.target)
+    assert latest["tables"][0]["delta_version"] == scene.done_version
+    bad = cli("snapshot", scene.done_table, "--consistency", "serializable",
+              "--target", scene.target)
+    assert bad.returncode == 2 and "serializable" in bad.stderr
+
+
 # ---------------------------------------------------------------- abort
 
 def test_abort_of_a_committed_transaction_is_refused_naming_why(scene):

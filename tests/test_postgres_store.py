@@ -221,11 +221,11 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert migrate_postgres(conn, "test", POSTGRES_MIGRATIONS[:1]) == 1
         conn.execute("INSERT INTO meta VALUES ('ts_high_water', 77)")
-        broken = (*POSTGRES_MIGRATIONS, Migration(5, (
+        broken = (*POSTGRES_MIGRATIONS, Migration(6, (
             "CREATE TABLE extra (a INTEGER)", "SELECT no_such_function()")))
         with pytest.raises(psycopg.errors.UndefinedFunction):
             migrate_postgres(conn, "test", broken)
-        # all of 2 to 5 rolled back together: still at 1, no lease table, no extra table
+        # all of 2 to 6 rolled back together: still at 1, no lease table, no extra table
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
                             ).fetchone()[0] == 1
         assert conn.execute("SELECT to_regclass('leader_lease'), to_regclass('extra'), "
@@ -241,18 +241,43 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 4
+                            ).fetchone()[0] == 5
+
+
+def test_schema_4_is_migrated_to_5_keeping_its_records(pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert migrate_postgres(conn, "test", POSTGRES_MIGRATIONS[:4]) == 4
+        row = txn("t1", 10).to_row()
+        for column in ("input_barrier", "source_offsets"):
+            del row[column]
+        conn.execute(f"INSERT INTO transactions ({', '.join(row)}) "
+                     f"VALUES ({', '.join(['%s'] * len(row))})", tuple(row.values()))
+        conn.execute("INSERT INTO pipelines VALUES ('p', 2, 1, '', 5, 6, '[]', 0)")
+        conn.execute("INSERT INTO table_commits VALUES ('file:///w/a', 20, 't1', 3)")
+    store = PostgresStore(pg_dsn)
+    try:
+        assert store.get_txn("t1") == txn("t1", 10)  # no input barrier, no offsets
+        pipeline = store.load_pipelines()[0]
+        assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,
+                pipeline.plan_after, pipeline.plan_barrier) == (2, 0, -1, 0, 0)
+        assert store.table_commit_at("file:///w/a", 20).input_barrier == 0
+        assert store.load_leases() == []
+    finally:
+        store.close()
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                            ).fetchone()[0] == 5
 
 
 def test_a_newer_schema_is_refused(pg_dsn):
     PostgresStore(pg_dsn).close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE meta SET value = 5 WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = 6 WHERE key = 'schema_version'")
     with pytest.raises(StoreSchemaError) as refused:
         PostgresStore(pg_dsn)
     assert str(refused.value) == (
         f"the store at 127.0.0.1:{urllib.parse.urlsplit(pg_dsn).port}/{dbname(pg_dsn)} has "
-        "schema 5; this coordinator knows up to 4: upgrade the coordinator")
+        "schema 6; this coordinator knows up to 5: upgrade the coordinator")
 
 
 def test_a_connection_cut_mid_batch_is_unavailable_then_reconnects(postgres_server, pg_dsn):

@@ -155,3 +155,26 @@ def test_prune_between_floor_check_and_index_read_refuses_time_travel(core, tmp_
     with pytest.raises(FailedPrecondition, match="retention floor"):
         core.get_snapshot([a], **as_of)
     assert pruned and pruned[0][1] > 0  # the prune did delete the index row batch 1 needs
+
+
+def test_a_reader_below_the_floor_neither_pins_it_nor_is_served_silently(core, tmp_path):
+    a = str(tmp_path / "a")
+    done = run_batch(core, tmp_path, "p", 0, ["a"])
+    later_ms = done.updated_ms + 25 * HOUR_MS
+    core.prune_history(now_ms=later_ms)
+    floor = core.store.retention_floor_ts()
+    assert floor == (later_ms - 24 * HOUR_MS) << LOGICAL_BITS
+    core.register_reads("late", [a], None)  # a new downstream pipeline: its input starts at 0
+    assert core.retention_guard_ts(later_ms) is None  # below the floor: it holds nothing
+    core.prune_history(now_ms=later_ms + HOUR_MS)
+    assert core.store.retention_floor_ts() == floor + (HOUR_MS << LOGICAL_BITS)  # still rises
+    with pytest.raises(FailedPrecondition) as refused:
+        core.get_table_changes(a, 0, core.get_topology([a]).tables[0].completed_barrier)
+    assert "below the retention floor" in str(refused.value)
+    assert "reset-pipeline --pipeline P" in str(refused.value)
+    assert "--start-barrier" in str(refused.value)
+    # a reader at or above the floor still holds it where its range starts
+    core.open_transaction("late", 0)
+    start = core.store.retention_floor_ts() + (HOUR_MS << LOGICAL_BITS)
+    core.reset_pipeline("late", "history pruned", None, start_barrier=start)
+    assert core.retention_guard_ts(later_ms + HOUR_MS) == start

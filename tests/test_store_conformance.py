@@ -178,9 +178,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 5 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 6 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 5; this coordinator knows up to 4: "
+    with pytest.raises(StoreSchemaError, match="has schema 6; this coordinator knows up to 5: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -281,7 +281,7 @@ def test_a_failed_batch_leaves_no_token_or_acl_entry(store):
     assert store.load_tokens() == [] and store.load_acl() == []
 
 
-def test_sqlite_schema_1_is_migrated_to_4_keeping_its_records(tmp_path):
+def test_sqlite_schema_1_is_migrated_to_5_keeping_its_records(tmp_path):
     import sqlite3
 
     from coordinator.store.sqlite import _SCHEMA
@@ -290,7 +290,8 @@ def test_sqlite_schema_1_is_migrated_to_4_keeping_its_records(tmp_path):
     conn.executescript(_SCHEMA)
     conn.execute("INSERT INTO meta VALUES ('schema_version', 1)")
     row = txn().to_row()
-    del row["principal"]
+    for column in ("principal", "input_barrier", "source_offsets"):
+        del row[column]
     conn.execute(f"INSERT INTO transactions ({', '.join(row)}) "
                  f"VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
     conn.commit()
@@ -298,7 +299,7 @@ def test_sqlite_schema_1_is_migrated_to_4_keeping_its_records(tmp_path):
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 4
+                                   ).fetchone()[0] == 5
         assert store.get_txn("t1") == txn()  # principal "": opened without authentication
         assert store.load_tokens() == [] and store.load_acl() == []
         assert store.load_table_writers() == [] and store.load_read_edges() == []
@@ -409,3 +410,210 @@ def test_lineage_written_in_a_failed_batch_is_undone(store):
         store.insert_read_edge(ReadEdge("ledger", "file:///w/a", 5))
         raise RuntimeError("crash inside the batch")
     assert store.load_table_writers() == [] and store.load_read_edges() == []
+
+
+# ---------------------------------------------------------------- input barriers and leases
+
+def test_input_barriers_and_source_offsets_round_trip(store):
+    record = txn()
+    record.input_barrier, record.source_offsets = 5 << 18, '{"kafka":{"t":{"0":42}}}'
+    store.insert_txn(record)
+    assert store.get_txn("t1") == record
+    pipeline = PipelineRecord("p", start_barrier=7, plan_generation=2, plan_after=7,
+                              plan_barrier=9)
+    store.insert_pipeline(pipeline)
+    pipeline.plan_after, pipeline.plan_barrier = 9, 11
+    store.update_pipeline(pipeline)
+    assert store.load_pipelines() == [pipeline]
+    store.add_table_commit(TableCommit("file:///w/a", 20, "t1", None, 5 << 18))
+    assert store.table_commit_at("file:///w/a", 20) == TableCommit("file:///w/a", 20, "t1",
+                                                                   None, 5 << 18)
+    store.set_table_commit_version("file:///w/a", 20, 4)
+    assert store.table_commits_at(["file:///w/a"], 20).commits["file:///w/a"] == TableCommit(
+        "file:///w/a", 20, "t1", 4, 5 << 18)
+    assert store.unapplied_table_commits("file:///w/a", 20) == []
+
+
+def index_with_input_barriers(store):
+    """Commits to a: (commit_ts, input barrier) (10, 0) (20, 100) (30, 200) (40, 0) (50, 300),
+    the one at 50 unapplied."""
+    for version, (ts, barrier) in enumerate(((10, 0), (20, 100), (30, 200), (40, 0), (50, 300))):
+        store.add_table_commit(TableCommit("file:///w/a", ts, f"t{ts}", None, barrier))
+        if ts < 50:
+            store.set_table_commit_version("file:///w/a", ts, version)
+    store.add_table_commit(TableCommit("file:///w/b", 25, "t25", None, 150))
+
+
+def test_table_commits_in_a_range_by_commit_ts_or_by_input_barrier(store):
+    index_with_input_barriers(store)
+    by_ts = store.table_commits_in_range("file:///w/a", 10, 40, by_input_barrier=False)
+    assert [c.commit_ts for c in by_ts] == [20, 30, 40]
+    by_barrier = store.table_commits_in_range("file:///w/a", 0, 300, by_input_barrier=True)
+    assert [c.commit_ts for c in by_barrier] == [20, 30, 50]  # none without an input barrier
+    assert [c.commit_ts for c in store.table_commits_in_range(
+        "file:///w/a", 100, 299, by_input_barrier=True)] == [30]
+    assert store.table_commits_in_range("file:///w/a", 300, 999, by_input_barrier=True) == []
+
+
+def test_a_tables_version_at_a_barrier_by_commit_ts_or_by_input_barrier(store):
+    index_with_input_barriers(store)
+    assert store.table_commit_at_barrier("file:///w/a", 45, False).commit_ts == 40
+    assert store.table_commit_at_barrier("file:///w/a", 9, False) is None
+    at = store.table_commit_at_barrier("file:///w/a", 250, True)
+    assert (at.commit_ts, at.input_barrier, at.delta_version) == (30, 200, 2)
+    assert store.table_commit_at_barrier("file:///w/a", 99, True) is None  # not the 0 ones
+    assert store.table_commit_at_barrier("file:///w/a", 300, True).commit_ts == 50
+
+
+def test_the_first_commit_after_a_barrier(store):
+    index_with_input_barriers(store)
+    assert store.first_table_commit_after("file:///w/a", 20, False).commit_ts == 30
+    assert store.first_table_commit_after("file:///w/a", 50, False) is None
+    assert store.first_table_commit_after("file:///w/a", 0, True).commit_ts == 20
+    assert store.first_table_commit_after("file:///w/a", 200, True).commit_ts == 50
+    assert store.first_table_commit_after("file:///w/a", 300, True) is None
+    assert store.first_table_commit_after("file:///w/c", 0, True) is None
+
+
+def test_the_first_unapplied_input_barrier_of_a_table(store):
+    assert store.first_unapplied_input_barrier("file:///w/a") is None
+    index_with_input_barriers(store)
+    assert store.first_unapplied_input_barrier("file:///w/a") == 300
+    assert store.first_unapplied_input_barrier("file:///w/b") == 150
+    store.set_table_commit_version("file:///w/a", 50, 4)
+    assert store.first_unapplied_input_barrier("file:///w/a") is None
+    store.add_table_commit(TableCommit("file:///w/a", 60, "t60", None, 0))  # a root's commit
+    assert store.first_unapplied_input_barrier("file:///w/a") is None
+
+
+def test_last_input_barrier_counts_committed_attempts_of_the_generation(store):
+    assert store.last_input_barrier("p", 0) == 0
+    for txn_id, ts, state, barrier, generation in (
+            ("a", 10, TxnState.APPLIED, 100, 0), ("b", 20, TxnState.COMMITTED, 200, 0),
+            ("c", 30, TxnState.ABORTED, 300, 0), ("d", 40, TxnState.OPEN, 400, 0),
+            ("e", 50, TxnState.APPLIED, 500, 1)):
+        record = txn(txn_id, ts, state, batch=ts)
+        record.generation, record.input_barrier = generation, barrier
+        store.insert_txn(record)
+    assert store.last_input_barrier("p", 0) == 200
+    assert store.last_input_barrier("p", 1) == 500
+    assert store.last_input_barrier("q", 0) == 0
+
+
+def test_the_newest_commit_at_or_before_a_timestamp_of_any_batch_or_generation(store):
+    for txn_id, ts, state, commit_ts, generation in (
+            ("a", 10, TxnState.APPLIED, 15, 0), ("b", 20, TxnState.APPLIED, 25, 0),
+            ("c", 30, TxnState.COMMITTED, 35, 1), ("d", 40, TxnState.ABORTED, 0, 1),
+            ("e", 50, TxnState.PREWRITTEN, 0, 1)):
+        record = txn(txn_id, ts, state, batch=ts)
+        record.generation, record.commit_ts = generation, commit_ts
+        store.insert_txn(record)
+    other = txn("z", 33, TxnState.APPLIED, pipeline="q")
+    other.commit_ts = 34
+    store.insert_txn(other)
+    assert store.newest_commit_at_or_before("p", 14) is None
+    assert store.newest_commit_at_or_before("p", 15).txn_id == "a"
+    assert store.newest_commit_at_or_before("p", 34).txn_id == "b"
+    assert store.newest_commit_at_or_before("p", 10**12).txn_id == "c"
+    assert store.newest_commit_at_or_before("q", 10**12).txn_id == "z"
+    assert store.newest_commit_at_or_before("r", 10**12) is None
+
+
+def test_leases_are_inserted_once_listed_released_and_expired(store):
+    from coordinator.store import LeaseRecord
+
+    first = LeaseRecord("l1", "report", (("file:///w/a", 3), ("file:///w/b", 0)), 7 << 18,
+                        1000, 5000)
+    second = LeaseRecord("l0", "audit", (("file:///w/a", 2),), 6 << 18, 1100, 9000,
+                         principal="reporter")
+    store.insert_lease(first)
+    store.insert_lease(second)
+    with pytest.raises(StoreConflict):
+        store.insert_lease(first)
+    assert store.load_leases() == [second, first]
+    assert [x.principal for x in store.load_leases()] == ["reporter", ""]  # who took each
+    assert store.delete_expired_leases(4999) == 0
+    assert store.delete_expired_leases(5000) == 1
+    assert store.load_leases() == [second]
+    assert store.delete_lease("l0") and not store.delete_lease("l0")
+    assert store.load_leases() == []
+
+
+def test_a_lease_written_in_a_failed_batch_is_undone(store):
+    from coordinator.store import LeaseRecord
+
+    with pytest.raises(RuntimeError), store.batch():
+        store.insert_lease(LeaseRecord("l1", "report", (), 0, 1, 2))
+        raise RuntimeError("crash inside the batch")
+    assert store.load_leases() == []
+
+
+def test_sqlite_schema_4_is_migrated_to_5_keeping_its_records(tmp_path):
+    import sqlite3
+
+    from coordinator.store.schema import SQLITE_MIGRATIONS
+    from coordinator.store.sqlite import _SCHEMA
+
+    conn = sqlite3.connect(tmp_path / "coordinator.db")
+    conn.executescript(_SCHEMA)
+    for migration in SQLITE_MIGRATIONS:
+        if migration.version <= 4:
+            for statement in migration.statements:
+                conn.execute(statement)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', 4)")
+    row = txn().to_row()
+    for column in ("input_barrier", "source_offsets"):
+        del row[column]
+    conn.execute(f"INSERT INTO transactions ({', '.join(row)}) "
+                 f"VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+    conn.execute("INSERT INTO pipelines VALUES ('p', 2, 1, '', 5, 6, '[]', 0)")
+    conn.execute("INSERT INTO table_commits VALUES ('file:///w/a', 20, 't1', 3)")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(tmp_path)
+    try:
+        assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                                   ).fetchone()[0] == 5
+        assert store.get_txn("t1") == txn()  # no input barrier, no source offsets
+        pipeline = store.load_pipelines()[0]
+        assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,
+                pipeline.plan_after, pipeline.plan_barrier) == (2, 0, -1, 0, 0)
+        assert store.table_commit_at("file:///w/a", 20) == TableCommit("file:///w/a", 20, "t1",
+                                                                       3, 0)
+        assert store.load_leases() == []
+    finally:
+        store.close()
+
+
+def test_prune_keeps_the_newest_committed_batch_with_an_input_barrier(store):
+    for txn_id, ts, batch, barrier in (("a", 10, 1, 100), ("b", 20, 2, 200), ("c", 30, 3, 0),
+                                       ("d", 40, 4, 0)):
+        record = txn(txn_id, ts, TxnState.APPLIED, batch=batch)
+        record.input_barrier = barrier
+        store.insert_txn(record)
+    assert store.prune(cutoff_ms=5000, floor_ts=0, limit=10) == (2, 0)
+    assert [store.get_txn(t) is not None for t in "abcd"] == [False, True, False, True]
+    assert store.last_input_barrier("p", 0) == 200
+
+
+def test_the_input_barrier_lookups_read_an_index_never_sorting_a_range(tmp_path):
+    """SQLite (the plans of PostgreSQL depend on its statistics): a generation's last input
+    barrier and a downstream table's version at a barrier stop at their first row."""
+    store = SqliteStore(tmp_path / "data")
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        store.last_input_barrier("p", 0)
+        store.table_commit_at_barrier("file:///w/a", 500, True)
+        store._conn.set_trace_callback(None)
+        selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+        assert len(selects) == 2
+        plans = [" | ".join(row[3] for row in store._conn.execute(
+            f"EXPLAIN QUERY PLAN {statement}")) for statement in selects]
+        # the top of the generation's input barriers, not a scan of all its attempts
+        assert "USING INDEX transactions_by_input_barrier" in plans[0], plans[0]
+        assert "input_barrier>?" in plans[0] and "TEMP B-TREE" not in plans[0], plans[0]
+        # the newest commit first (primary key, backwards), not every row <= barrier sorted
+        assert "USING INDEX" in plans[1] and "TEMP B-TREE" not in plans[1], plans[1]
+    finally:
+        store.close()

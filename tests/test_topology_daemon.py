@@ -124,8 +124,16 @@ def test_get_topology_shows_pipelines_tables_edges_and_a_root_barrier_advancing(
                                                             first.barrier_interval_ms)
     assert root.completed_barrier_unix_ms == root.completed_barrier_ts >> LOGICAL_BITS
     assert root.delay_ms == first.now_unix_ms - root.completed_barrier_unix_ms
-    assert not tables[out].HasField("completed_barrier_ts")  # downstream: not known yet
-    assert not tables[out].HasField("delay_ms")
+    # downstream: the root's commit is a change the ledger has not read, so it completed the
+    # barriers below that commit only (tests/test_topology_barriers.py has the rule's cases)
+    assert tables[out].HasField("completed_barrier_ts")
+    commit_ts = stub.GetTransaction(pb.GetTransactionRequest(txn_id=txn.txn_id)).commit_ts
+    assert tables[out].completed_barrier_ts == barrier_at_or_below(
+        commit_ts - 1, first.barrier_interval_ms) <= root.completed_barrier_ts
+    assert tables[out].delay_ms >= root.delay_ms
+    assert tables[out].bottleneck_pipeline in (bank, ledger)
+    assert pipelines[ledger].end_to_end_delay_ms == tables[out].delay_ms
+    assert pipelines[ledger].own_delay_ms == tables[out].delay_ms - root.delay_ms
     only = stub.GetTopology(pb.GetTopologyRequest(tables=[out]), timeout=30)
     assert [t.table for t in only.tables] == [out]
     assert [p.pipeline_id for p in only.pipelines] == [ledger]
@@ -144,13 +152,20 @@ def test_topology_cli_prints_json_and_a_readable_table(stub, topology_daemon):
     shown = json.loads(result.stdout)
     (pipeline,) = [p for p in shown["pipelines"] if p["pipeline_id"] == bank]
     assert pipeline == {"pipeline_id": bank, "generation": 0, "root": True, "reads": [],
-                        "writes": [debits]}
+                        "writes": [debits], "own_delay_ms": pipeline["own_delay_ms"],
+                        "end_to_end_delay_ms": pipeline["own_delay_ms"],
+                        "last_input_barrier_ts": None}
+    assert pipeline["own_delay_ms"] >= 0
     (table,) = [t for t in shown["tables"] if t["table"] == debits]
     assert table["writer"] == bank and table["completed_barrier_ts"] is not None
     assert table["delay_ms"] >= 0
+    assert table["bottleneck_pipeline"] == bank
+    assert table["bottleneck_delay_ms"] == pipeline["own_delay_ms"]
     text = cli("topology", "--target", topology_daemon.target)
     assert text.returncode == 0, text.stderr
     assert bank in text.stdout and debits in text.stdout and "DELAY" in text.stdout
+    assert "OWN DELAY" in text.stdout and "END-TO-END" in text.stdout
+    assert "BOTTLENECK" in text.stdout
 
 
 def test_topology_cli_exit_status_when_refused_or_misconfigured(topology_daemon):

@@ -16,6 +16,17 @@ The rules (docs/security.md has the table):
 - GetSnapshot: READ on every table; ``as_of_batch`` also DESCRIBE on that pipeline.
 - RegisterReads: WRITE on the pipeline (as OpenTransaction) and READ on every table.
 - GetTopology: DESCRIBE on every pipeline ('*'): it shows them all.
+- PlanBarrier: WRITE on the pipeline (its sources run in its driver, with its credentials;
+  the plan is recorded in the pipeline's record).
+- GetTableChanges: READ on the table.
+- ReleaseLease: being the principal that took the lease; another's needs ADMIN on '*'
+  (audited). A lease that does not exist (or expired) needs nothing: the answer is false.
+- ListLeases: READ on every table named; without tables (every lease): ADMIN on '*'. The ids
+  of leases other principals took are shown empty unless the caller is ADMIN on '*'.
+- Vacuum: ADMIN on every pipeline ('*') and WRITE on the table: it deletes files (audited).
+- Revise: ADMIN on every pipeline ('*'): it rewrites tables and resets pipelines (audited).
+- Nobody drives the reserved pipeline ``percolake.revise`` (the coordinator's revisions): a
+  request naming it as its pipeline, or acting on one of its transactions, is refused.
 - ResetPipeline: ADMIN; with ``require_idle`` (a driver's automatic reset, refused while the
   pipeline is active) WRITE is enough.
 - The administrative RPCs (ACL entries, tokens): ADMIN on every pipeline ('*').
@@ -32,6 +43,7 @@ from coordinator.auth import audit
 from coordinator.auth.audit import AuditLog
 from coordinator.auth.credentials import Credentials
 from coordinator.auth.records import Permission, Resource
+from coordinator.core.revision import check_not_reserved
 from coordinator.principal import current_principal
 from coordinator.status_codes import status_for
 from percolake.errors import PermissionDenied, ProtocolError
@@ -254,6 +266,62 @@ def _get_topology(checks: Checks, request: Any) -> Decision:
     return Decision()
 
 
+def _plan_barrier(checks: Checks, request: Any) -> Decision:
+    checks.pipeline(Permission.WRITE, request.pipeline_id)
+    return Decision()
+
+
+def _table_changes(checks: Checks, request: Any) -> Decision:
+    checks.tables(Permission.READ, [request.table],
+                  count_check=lambda count, what: validation.check_count(what, count))
+    return Decision()
+
+
+def _is_admin(checks: Checks) -> bool:
+    return checks.policy.allows_every(checks.principal, Resource.PIPELINE, Permission.ADMIN)
+
+
+def _release_lease(checks: Checks, request: Any) -> Decision:
+    lease = checks.core.live_lease(request.lease_id)
+    if lease is None or (lease.principal and lease.principal == checks.principal):
+        return Decision()
+    checks.every_pipeline(Permission.ADMIN, "release a lease another principal took")
+    return Decision(action="release another principal's lease")
+
+
+def _list_leases(checks: Checks, request: Any) -> Decision:
+    if not request.tables:
+        checks.every_pipeline(Permission.ADMIN, "list every lease (name tables to list "
+                              "the leases on them)")
+        return Decision()
+    checks.tables(Permission.READ, request.tables,
+                  count_check=lambda count, what: validation.check_count(what, count))
+    if _is_admin(checks):
+        return Decision()
+
+    def hide(reply: pb.ListLeasesResponse) -> None:
+        # A lease id is what ReleaseLease takes: only its taker sees it.
+        owners = checks.core.lease_principals()
+        for lease in reply.leases:
+            if not checks.principal or owners.get(lease.lease_id) != checks.principal:
+                lease.lease_id = ""
+
+    return Decision(hide_identity=hide)
+
+
+def _vacuum(checks: Checks, request: Any) -> Decision:
+    checks.every_pipeline(Permission.ADMIN, "vacuum a table")
+    checks.tables(Permission.WRITE, [request.table],
+                  count_check=lambda count, what: validation.check_count(what, count))
+    return Decision(action="vacuum dry run" if request.dry_run else "vacuum")
+
+
+def _revise(checks: Checks, request: Any) -> Decision:
+    checks.every_pipeline(Permission.ADMIN, "revise a table (it resets the pipelines "
+                          "downstream of it)")
+    return Decision(action="revise")
+
+
 def _reset(checks: Checks, request: Any) -> Decision:
     if request.require_idle and checks.has(Permission.WRITE, request.pipeline_id):
         audit.note(pipeline=request.pipeline_id)
@@ -270,6 +338,8 @@ _RULES: dict[str, Callable[[Checks, Any], Decision]] = {
     "ListTransactions": _list_transactions, "GetSnapshot": _snapshot,
     "GetPipeline": _get_pipeline, "ResetPipeline": _reset, "ListPipelines": _list_pipelines,
     "RegisterReads": _register_reads, "GetTopology": _get_topology,
+    "ReleaseLease": _release_lease, "ListLeases": _list_leases, "Vacuum": _vacuum,
+    "PlanBarrier": _plan_barrier, "GetTableChanges": _table_changes, "Revise": _revise,
 }
 
 
@@ -292,6 +362,7 @@ class Guard:
             decision = (authorize(name, Checks(principal, self.credentials, core), request)
                         if self.credentials is not None else Decision(
                             action=_ADMIN_CHANGES.get(name, "") or _unchecked_action(name)))
+            _refuse_reserved(name, core, request)
             reply = call()
         except ProtocolError as exc:
             self._audit(principal, "refused", exc)
@@ -312,9 +383,26 @@ class Guard:
 
 
 def _unchecked_action(name: str) -> str:
-    """Without authentication only a reset is known to be administrative (nobody owns a
-    transaction, so no abort is another's)."""
-    return "reset pipeline" if name == "ResetPipeline" else ""
+    """Without authentication only a reset or a revision is known to be administrative
+    (nobody owns a transaction, so no abort is another's)."""
+    return {"ResetPipeline": "reset pipeline", "Revise": "revise"}.get(name, "")
+
+
+_TXN_CHANGES = frozenset({"DeclareTables", "Prewrite", "CommitTransaction", "AbortTransaction",
+                          "ReportApplied", "Heartbeat"})
+
+
+def _refuse_reserved(name: str, core: Any, request: Any) -> None:
+    """Clients never drive the coordinator's revision pipeline nor its transactions."""
+    fields = request.DESCRIPTOR.fields_by_name
+    if "pipeline_id" in fields and name not in ("GetPipeline", "ListTransactions"):
+        check_not_reserved(request.pipeline_id)
+    if name in _TXN_CHANGES:
+        try:
+            pipeline = core.transaction_owner(request.txn_id)[0]
+        except ProtocolError:  # no such transaction: the call itself says so
+            return
+        check_not_reserved(pipeline)
 
 
 def _note_request(request: Any) -> None:
@@ -328,4 +416,6 @@ def _note_request(request: Any) -> None:
         table = first if isinstance(first, str) else first.table
     elif "writes" in fields and len(request.writes):
         table = request.writes[0].table
+    elif "table" in fields:  # Vacuum, GetTableChanges, Revise
+        table = request.table
     audit.note(pipeline=pipeline, table=table, txn_id=txn_id)

@@ -13,18 +13,21 @@ Delta versions follow commit_ts order (I7).
 
 from coordinator.core.applying import Applying
 from coordinator.core.fencing import Fencing
+from coordinator.core.leases import Leases
 from coordinator.core.maintenance import Maintenance
 from coordinator.core.opening import Opening
 from coordinator.core.pipelines import Pipelines
+from coordinator.core.revision import Revising
 from coordinator.core.snapshots import Snapshots
 from coordinator.core.state import CoordinatorConfig, CoreState, Snapshot
 from coordinator.core.topology import Topology
+from coordinator.core.vacuum import Vacuuming
 from coordinator.core.writing import Writing
 
 __all__ = ["CoordinatorConfig", "CoreState", "Snapshot", "TransactionCoordinator"]
 
 
 class TransactionCoordinator(Pipelines, Opening, Writing, Applying, Snapshots, Maintenance,
-                             Fencing, Topology):
+                             Fencing, Topology, Leases, Vacuuming, Revising):
     """The coordinator's core: every RPC of the service is one method here, each request
     family in its own module over one shared state (``CoreState``)."""

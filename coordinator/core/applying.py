@@ -122,6 +122,7 @@ class Applying(CoreState):
                     return
                 write = entry.write
             self.store.flush()  # never apply a commit that is not yet durable
+            self._before_roll_forward(txn)
             if self._applier is None:
                 raise DeadlineExceeded(f"this coordinator cannot apply Delta commits ({table})")
             version = self._applier(

@@ -16,6 +16,7 @@ from percolake.records import TableEntry, TxnRecord
 from percolake.states import LIVE_STATES, TxnState
 
 log = logging.getLogger("percolake.coordinator")
+LEASE_SWEEP_INTERVAL_S = 10.0  # expired snapshot leases count as gone before their deletion
 
 
 def _log_failure(what: str, exc: BaseException, **extra: object) -> None:
@@ -85,6 +86,8 @@ class Maintenance(CoreState):
         committed", I2); attempts whose file cleanup is still pending; every snapshot-index
         row at or after the floor (now - horizon) and each table's newest row below it, so
         latest snapshots and time travel at or after the floor answer exactly as before.
+        The floor never passes a live snapshot lease's barrier nor a downstream pipeline's last
+        input barrier (``retention_guard_ts``).
         Time travel (as_of_ts, as_of_batch) to before the floor is refused afterwards. Runs
         in chunks, each its own durable batch holding the store only briefly, so requests
         interleave (a chunk of 5,000 records took seconds in bench_growth: keep them small).
@@ -97,6 +100,10 @@ class Maintenance(CoreState):
         now_ms = wall_ms() if now_ms is None else now_ms
         cutoff_ms = now_ms - int(self.config.retention_hours * 3600 * 1000)
         floor_ts = max(0, cutoff_ms) << LOGICAL_BITS
+        # never below a live lease's snapshot nor a downstream reader's range still to read
+        guard = self.retention_guard_ts(now_ms)  # Leases'
+        if guard is not None:
+            floor_ts = min(floor_ts, guard)
         txns = rows = 0
         while not self._stop.is_set():
             with self._lock:
@@ -118,13 +125,16 @@ class Maintenance(CoreState):
         except Exception as exc:
             _log_failure("sweep of aborted attempts failed", exc)
         last_sweep = time.monotonic()
-        last_prune = -float("inf")
+        last_prune = last_lease_sweep = -float("inf")
         while not self._stop.wait(self.config.resolver_interval_s):
             try:
                 self.resolve_once()
                 if time.monotonic() - last_prune >= self.config.retention_interval_s:
                     last_prune = time.monotonic()
                     self.prune_history()
+                if time.monotonic() - last_lease_sweep >= LEASE_SWEEP_INTERVAL_S:
+                    last_lease_sweep = time.monotonic()
+                    self.drop_expired_leases()  # Leases'
                 if time.monotonic() - last_sweep >= SWEEP_INTERVAL_S:
                     # files written late into an aborted attempt's folder (a frozen driver
                     # resumed): sweep attempts aborted within a few timeouts again

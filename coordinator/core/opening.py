@@ -14,7 +14,7 @@ from coordinator.principal import current_principal
 from percolake.errors import Conflict, InvalidArgument, NotLeader
 from percolake.failpoints import fail_point
 from percolake.lake.warehouse import write_location
-from percolake.records import TableEntry, TxnRecord
+from percolake.records import PipelineRecord, TableEntry, TxnRecord
 from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState
 
 log = logging.getLogger("percolake.coordinator")
@@ -76,7 +76,7 @@ class Opening(CoreState):
                 generation=pipeline.generation, batch_id=batch_id, attempt=len(attempts) + 1,
                 epoch=pipeline.epoch if epoch is not None else 0, query_id=query_id or "",
                 state=TxnState.OPEN, start_ts=start_ts, created_ms=now, updated_ms=now,
-                principal=principal,
+                principal=principal, input_barrier=self._planned_input_barrier(pipeline),
             )
             # Free tables are declared in the attempt's first durable write; held ones go
             # through _declare below (roll-forward, expiry or a bounded wait).
@@ -101,6 +101,31 @@ class Opening(CoreState):
             self._declare(txn.txn_id, epoch, canonical)
             txn = self.get_transaction(txn.txn_id)
         return self._fresh(txn), False
+
+    def input_after_barrier(self, txn: TxnRecord) -> int:
+        """Where the input range of an attempt ``open_transaction`` answered starts: it read
+        (input_after_barrier, input_barrier]. 0 for an attempt without an input barrier and
+        for a batch that had already committed (its range start is not kept)."""
+        if not txn.input_barrier or txn.state in COMMITTED_STATES:
+            return 0
+        with self._lock:
+            pipeline = self._pipelines.get(txn.pipeline_id)
+            if pipeline is None or pipeline.generation != txn.generation:
+                return 0
+            return self._input_start(pipeline)
+
+    def _planned_input_barrier(self, pipeline: PipelineRecord) -> int:
+        """The input barrier a new attempt of a pipeline with read edges records (under the
+        lock): the remembered PlanBarrier answer if it plans the batch after the current
+        generation's last committed input barrier (or start), else 0. A root pipeline's is 0
+        at no cost (no store read)."""
+        if not self._lineage.reads.get(pipeline.pipeline_id):
+            return 0
+        if (pipeline.plan_generation == pipeline.generation
+                and pipeline.plan_after == self._input_start(pipeline)
+                and pipeline.plan_barrier > pipeline.plan_after):
+            return pipeline.plan_barrier
+        return 0
 
     def declare_tables(self, txn_id: str, epoch: int | None, tables: Iterable[str]) -> TxnRecord:
         """Durably records that the attempt may write these tables, taking each table's hold.

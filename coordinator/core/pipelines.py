@@ -72,9 +72,14 @@ class Pipelines(CoreState):
     def reset_pipeline(
         self, pipeline_id: str, reason: str, expected_generation: int | None,
         require_idle: bool = False, query_id: str | None = None,
+        start_barrier: int | None = None,
     ) -> tuple[PipelineRecord, bool, list[str]]:
         """Starts a new generation: live attempts aborted, epoch bumped, query id unbound (or
         bound to ``query_id`` at once, which may be a query id of an earlier generation).
+
+        The new generation's percolake input starts at ``start_barrier`` (a revision's), by
+        default where the pipeline's input stands: the last input barrier it committed, in any
+        generation (docs/topology.md).
 
         With ``require_idle`` it refuses while the current generation is active: a live
         transaction, or a commit within the transaction timeout.
@@ -89,6 +94,8 @@ class Pipelines(CoreState):
         validation.check_query_id(query_id)
         if expected_generation is not None and expected_generation < 0:
             raise InvalidArgument(f"generation must be >= 0, got {expected_generation}")
+        if start_barrier is not None:
+            validation.check_non_negative("start_barrier", start_barrier)
         with self._lock:
             current = self._pipelines.get(pipeline_id)
             if current is None:
@@ -113,6 +120,8 @@ class Pipelines(CoreState):
                 reason=reason, reset_ms=wall_ms(), previous_query_id=current.query_id,
                 expected_generation=expected_generation, bound_query_id=query_id or "",
             ))
+            pipeline.start_barrier = (self._input_start(current) if start_barrier is None
+                                      else start_barrier)
             pipeline.generation += 1
             pipeline.epoch += 1
             pipeline.query_id = query_id or ""

@@ -17,7 +17,7 @@ from percolake.errors import NotFound
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.warehouse import Warehouse
 from percolake.lineage import Lineage
-from percolake.records import TableWriteRecord, TxnRecord
+from percolake.records import PipelineRecord, TableWriteRecord, TxnRecord
 from percolake.states import LIVE_STATES, TxnState
 
 log = logging.getLogger("percolake.coordinator")
@@ -58,6 +58,7 @@ class CoordinatorConfig:
     max_live_txns_per_pipeline: int = 64
     max_live_txns_per_principal: int = 1024  # authentication off: every caller is one principal
     max_table_waiters: int = 8
+    max_live_leases_per_principal: int = 1000  # snapshot leases (coordinator/core/leases.py)
     # Topology (docs/topology.md): global barriers every this many seconds of oracle time;
     # with shared_table_writers a table's owner is recorded but other pipelines may write it.
     barrier_interval_s: float = 5.0
@@ -122,6 +123,8 @@ class CoreState:
         self._committed_at: dict[str, float] = {}
         # (pipeline, generation) -> its highest committed batch id, loaded on first use
         self._newest_batch: dict[tuple[str, int], int] = {}
+        # (pipeline, generation) -> its highest committed input barrier, loaded on first use
+        self._last_input: dict[tuple[str, int], int] = {}
         self._last_commit_at = {p.pipeline_id: monotonic() for p in self._pipelines.values()
                                 if p.last_commit_ms}
         # the state each unfinished transaction was last tracked in (metrics' transitions);
@@ -196,8 +199,27 @@ class CoreState:
             raise NotFound(f"no transaction {txn_id!r}")
         return txn
 
+    def _last_input_barrier(self, pipeline_id: str, generation: int) -> int:
+        """The highest input barrier the generation committed (0: none), under the lock. Read
+        from the store once per generation, then kept by the commits (docs/topology.md)."""
+        key = (pipeline_id, generation)
+        last = self._last_input.get(key)
+        if last is None:
+            last = self._last_input[key] = self.store.last_input_barrier(pipeline_id, generation)
+        return last
+
+    def _input_start(self, pipeline: PipelineRecord) -> int:
+        """Where the current generation's next batch reads from, under the lock: its last
+        committed input barrier, or the generation's start barrier before its first one."""
+        return (self._last_input_barrier(pipeline.pipeline_id, pipeline.generation)
+                or pipeline.start_barrier)
+
     def _fresh(self, txn: TxnRecord) -> TxnRecord:
         return txn.copy()
+
+    def _before_roll_forward(self, txn: TxnRecord) -> None:
+        """What must be durable before any table of a committed transaction is applied by
+        roll-forward: nothing, but for a revision (coordinator/core/revision.py)."""
 
     def _track(self, txn: TxnRecord, timeout_ms: int = 0) -> None:
         """Makes the in-memory view match the durable record just written."""

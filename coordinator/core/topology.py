@@ -1,10 +1,12 @@
 """The ETL topology (docs/topology.md): lineage registration (each table's one writing
-pipeline, the tables each pipeline reads), its refusals, and ``GetTopology``'s view with each
-table's last completed global barrier.
+pipeline, the tables each pipeline reads), its refusals, ``GetTopology``'s view with each
+table's last completed global barrier and the delays, the barrier plan of downstream
+pipelines (``PlanBarrier``) and the changes of a table in a barrier range.
 
-The graph itself is pure code (``percolake.lineage``), so is the barrier arithmetic
-(``percolake.barriers``); this module keeps the in-memory lineage equal to the durable one:
-every change is written to the store first, then applied in memory, under the core's lock.
+The graph itself is pure code (``percolake.lineage``), so is the barrier arithmetic and its
+rules (``percolake.barriers``); this module keeps the in-memory lineage equal to the durable one
+(every change is written to the store first, then applied in memory, under the core's lock) and
+reads what the rules need from the store, outside the lock.
 """
 
 from __future__ import annotations
@@ -14,13 +16,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from coordinator import validation
+from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.state import CoreState, wall_ms
-from coordinator.store.base import ReadEdge, TableWriter
-from percolake.barriers import root_completed_barrier, wall_ms_of_barrier
+from coordinator.store.base import ReadEdge, Store, TableCommit, TableWriter
+from percolake.barriers import (
+    downstream_completed_barrier,
+    first_barrier_at_or_above,
+    next_barrier,
+    root_completed_barrier,
+    wall_ms_of_barrier,
+)
 from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake.failpoints import fail_point
 from percolake.lineage import Lineage, describe_cycle
+from percolake.records import PipelineRecord
 
 log = logging.getLogger("percolake.coordinator")
+PLAN_ATTEMPTS = 3  # a pipeline reset while its plan is computed: compute again, this often
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,9 @@ class PipelineNode:
     root: bool
     reads: tuple[str, ...]
     writes: tuple[str, ...]
+    own_delay_ms: int | None = None  # its own share of its tables' delay; None: not known
+    end_to_end_delay_ms: int | None = None  # its tables' delay (from the roots)
+    last_input_barrier: int | None = None  # a downstream one's newest committed input barrier
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,9 @@ class TableNode:
     writer: str  # "" if no pipeline declared it yet
     readers: tuple[str, ...]
     completed_barrier: int | None  # an oracle timestamp; None while not known
+    delay_ms: int | None = None  # now minus the completed barrier's wall time
+    bottleneck_pipeline: str = ""  # the largest own delay from the roots to here ("": none)
+    bottleneck_delay_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,29 +67,171 @@ class TopologyView:
 
     def delay_ms(self, table: TableNode) -> int | None:
         """Now minus the wall time of the table's last completed barrier."""
-        if table.completed_barrier is None:
-            return None
-        return max(0, wall_ms_of_barrier(self.now_ts) - wall_ms_of_barrier(
-            table.completed_barrier))
+        return table.delay_ms
 
 
-def completed_barrier(lineage: Lineage, table: str, now_ts: int,
-                      first_unapplied_ts: int | None, interval_ms: int) -> int | None:
-    """The last global barrier ``table`` completed, or None while it cannot be known.
+@dataclass(frozen=True)
+class BarrierPlan:
+    """PlanBarrier's answer: the next batch of the pipeline covers (after_barrier, barrier]."""
 
-    A root table's (its writer reads no percolake table) follows from the oracle and its
-    unapplied commits (``percolake.barriers.root_completed_barrier``). A downstream table's
-    needs the input barriers its writer's commits record, which the percolake streaming source
-    will provide; until then it is not known. Neither is a table no pipeline writes.
+    generation: int
+    start_barrier: int  # where the generation's percolake input starts
+    after_barrier: int
+    barrier: int  # == after_barrier: nothing to read yet
+    has_changes: bool  # False: an empty step that only records progress
+
+
+@dataclass(frozen=True)
+class TableChange:
+    delta_version: int
+    commit_ts: int
+    barrier: int  # commit_ts (root table) or the commit's input barrier
+    txn_id: str
+
+
+@dataclass(frozen=True)
+class TableChanges:
+    canonical_table: str
+    changes: tuple[TableChange, ...]  # in Delta version order
+    version_at_after: int | None  # the table's version at the range's start, if any
+
+
+class Completion:
+    """The barrier rules of docs/topology.md evaluated for one answer at one oracle
+    timestamp: each table's completed barrier, each pipeline's last input barrier and the
+    delays, every store read made at most once (memoised over the graph).
+
+    Reads run outside the core's lock: commits at or below ``now_ts`` are fixed (a commit_ts is
+    taken under the lock with its durable write), and whatever happens meanwhile (an apply, a
+    commit above ``now_ts``) only moves an answer forward or leaves it conservative.
     """
-    writer = lineage.writers.get(table)
-    if writer is None or not lineage.is_root(writer):
-        return None
-    return root_completed_barrier(now_ts, first_unapplied_ts, interval_ms)
+
+    def __init__(self, store: Store, lineage: Lineage,
+                 pipelines: dict[str, tuple[int, int]], now_ts: int, interval_ms: int,
+                 committed_inputs: dict[str, int] | None = None) -> None:
+        """``pipelines``: pipeline id -> (generation, start_barrier); others are new.
+        ``committed_inputs``: pipeline id -> its current generation's newest committed input
+        barrier, as the core keeps it (others are read from the store)."""
+        self.store = store
+        self.lineage = lineage
+        self.pipelines = pipelines
+        self.now_ts = now_ts
+        self.interval_ms = interval_ms
+        self._completed: dict[str, int | None] = {}
+        self._committed_input: dict[str, int] = dict(committed_inputs or {})
+        self._own: dict[str, int | None] = {}
+
+    # ---------------------------------------------------------------- tables
+
+    def is_downstream(self, table: str) -> bool:
+        """Its writer reads percolake tables: its changes are at their input barriers."""
+        writer = self.lineage.writers.get(table)
+        return writer is not None and not self.lineage.is_root(writer)
+
+    def completed(self, table: str) -> int | None:
+        """The last global barrier ``table`` completed; None while it cannot be known."""
+        if table in self._completed:
+            return self._completed[table]
+        self._completed[table] = None  # the graph has no cycles; this only guards recursion
+        writer = self.lineage.writers.get(table)
+        if writer is None:
+            result = None
+        elif self.lineage.is_root(writer):
+            pending = self.store.unapplied_table_commits(table, self.now_ts)
+            result = root_completed_barrier(self.now_ts, pending[0].commit_ts if pending else None,
+                                            self.interval_ms)
+        else:
+            last = self.last_input(writer)
+            sources = self.lineage.reads_of(writer)
+            result = downstream_completed_barrier(
+                last, [self.completed(s) for s in sources], self.first_change_after(sources, last),
+                self.store.first_unapplied_input_barrier(table), self.interval_ms)
+        self._completed[table] = result
+        return result
+
+    def first_change_after(self, tables: Iterable[str], after: int) -> int | None:
+        """The oldest change barrier above ``after`` in any of ``tables``."""
+        found = [self.store.first_table_commit_after(t, after, self.is_downstream(t))
+                 for t in tables]
+        barriers = [c.barrier(self.is_downstream(c.table)) for c in found if c is not None]
+        return min(barriers, default=None)
+
+    def version_at(self, table: str, barrier: int) -> TableCommit | None:
+        """The table's newest commit at global barrier ``barrier``: by commit_ts for a root
+        table, by input barrier for a downstream one."""
+        return self.store.table_commit_at_barrier(table, barrier, self.is_downstream(table))
+
+    def delay_ms(self, table: str) -> int | None:
+        completed = self.completed(table)
+        if completed is None:
+            return None
+        return max(0, wall_ms_of_barrier(self.now_ts) - wall_ms_of_barrier(completed))
+
+    # ---------------------------------------------------------------- pipelines
+
+    def generation(self, pipeline_id: str) -> int:
+        return self.pipelines.get(pipeline_id, (0, 0))[0]
+
+    def committed_input(self, pipeline_id: str) -> int:
+        """The newest input barrier the pipeline's current generation committed (0: none)."""
+        if pipeline_id not in self._committed_input:
+            self._committed_input[pipeline_id] = self.store.last_input_barrier(
+                pipeline_id, self.generation(pipeline_id))
+        return self._committed_input[pipeline_id]
+
+    def start_barrier(self, pipeline_id: str) -> int:
+        """Where the current generation's percolake input starts: set by a reset or revision;
+        for generation 0 (never reset), after what it committed (0 for a new pipeline)."""
+        generation, start = self.pipelines.get(pipeline_id, (0, 0))
+        return start if generation > 0 else max(start, self.committed_input(pipeline_id))
+
+    def last_input(self, pipeline_id: str) -> int:
+        """The end of the range the pipeline has consumed: its newest committed input barrier,
+        or its generation's start."""
+        return self.committed_input(pipeline_id) or self.pipelines.get(pipeline_id, (0, 0))[1]
+
+    def end_to_end_delay_ms(self, pipeline_id: str) -> int | None:
+        """The largest delay of the pipeline's tables (None: none known)."""
+        delays = [d for t in self.lineage.writes_of(pipeline_id)
+                  if (d := self.delay_ms(t)) is not None]
+        return max(delays, default=None)
+
+    def own_delay_ms(self, pipeline_id: str) -> int | None:
+        """A root's: its end-to-end delay; a downstream one's: that minus its sources' largest
+        delay (what it adds itself). None while a delay it rests on is not known."""
+        if pipeline_id in self._own:
+            return self._own[pipeline_id]
+        own = self.end_to_end_delay_ms(pipeline_id)
+        sources = self.lineage.reads_of(pipeline_id)
+        if own is not None and sources:
+            inputs = [self.delay_ms(t) for t in sources]
+            own = None if any(d is None for d in inputs) else max(
+                0, own - max(d for d in inputs if d is not None))
+        self._own[pipeline_id] = own
+        return own
+
+    def bottleneck(self, table: str) -> tuple[str, int | None]:
+        """The pipeline with the largest own delay among the table's writer and every pipeline
+        upstream of it, with that delay; ("", None) if none is known."""
+        seen: set[str] = set()
+        pending = [w for w in (self.lineage.writers.get(table),) if w is not None]
+        best: tuple[str, int | None] = ("", None)
+        while pending:
+            pipeline = pending.pop()
+            if pipeline in seen:
+                continue
+            seen.add(pipeline)
+            own = self.own_delay_ms(pipeline)
+            if own is not None and (best[1] is None or (own, best[0]) > (best[1], pipeline)):
+                best = (pipeline, own)
+            pending.extend(w for t in self.lineage.reads_of(pipeline)
+                           if (w := self.lineage.writers.get(t)) is not None)
+        return best
 
 
 class Topology(CoreState):
-    """RegisterReads, GetTopology, and the writer registration of declared tables."""
+    """RegisterReads, GetTopology, PlanBarrier, GetTableChanges, and the writer registration
+    of declared tables."""
 
     def register_reads(self, pipeline_id: str, tables: Iterable[str],
                        epoch: int | None) -> tuple[list[str], int]:
@@ -106,41 +266,174 @@ class Topology(CoreState):
                 added = sum(self.store.insert_read_edge(ReadEdge(pipeline_id, t, now))
                             for t in new)
             self._lineage.reads.setdefault(pipeline_id, set()).update(new)
+        self.wait_durable()
+        fail_point("after-read-edges-durable")
         log.info("reads registered", extra={"pipeline_id": pipeline_id, "tables": len(new)})
         return canonical, added
 
-    def get_topology(self, tables: Iterable[str] = ()) -> TopologyView:
-        """Pipelines, tables and each table's last completed barrier, read at one moment: an
-        oracle timestamp taken under the lock, after which no commit can be at or below it.
-        With ``tables``, only those (known to the lineage or not) and the pipelines writing or
-        reading them."""
-        wanted = self._resolve_tables(tables)
-        interval_ms = max(1, round(self.config.barrier_interval_s * 1000))
+    def completion(self) -> Completion:
+        """The barrier rules at a fresh oracle timestamp, taken under the lock with the
+        lineage and the pipelines' generations: after it no commit can be at or below it."""
         with self._lock:
             now_ts = self.oracle.next()
             lineage = self._lineage.copy()
-            generations = {p: r.generation for p, r in self._pipelines.items()}
+            pipelines = {p: (r.generation, r.start_barrier) for p, r in self._pipelines.items()}
+            # the core's cache (one store read per generation, then kept by the commits), not
+            # a store query per pipeline and answer
+            inputs = {p: self._last_input_barrier(p, pipelines.get(p, (0, 0))[0])
+                      for p in lineage.pipelines() if not lineage.is_root(p)}
+        return Completion(self.store, lineage, pipelines, now_ts, self._barrier_interval_ms(),
+                          inputs)
+
+    def _barrier_interval_ms(self) -> int:
+        return max(1, round(self.config.barrier_interval_s * 1000))
+
+    def get_topology(self, tables: Iterable[str] = ()) -> TopologyView:
+        """Pipelines, tables, each table's last completed barrier and the delays, read at one
+        moment (``completion``). With ``tables``, only those (known to the lineage or not) and
+        the pipelines writing or reading them."""
+        wanted = self._resolve_tables(tables)
+        view = self.completion()
+        lineage = view.lineage
         shown = wanted or lineage.tables()
-        # Outside the lock: commits at or below now_ts are fixed (commit_ts is taken under the
-        # lock with its durable write); an apply meanwhile only moves an answer forward.
-        first_unapplied: dict[str, int | None] = {}
-        for table in shown:
-            writer = lineage.writers.get(table)
-            if writer is not None and lineage.is_root(writer):
-                pending = self.store.unapplied_table_commits(table, now_ts)
-                first_unapplied[table] = pending[0].commit_ts if pending else None
-        names = set(generations) | set(lineage.pipelines()) if not wanted else {
+        names = set(view.pipelines) | set(lineage.pipelines()) if not wanted else {
             p for t in wanted for p in (lineage.writers.get(t), *lineage.readers_of(t)) if p}
         pipelines = tuple(
-            PipelineNode(p, generations.get(p, 0), lineage.is_root(p),
-                         tuple(lineage.reads_of(p)), tuple(lineage.writes_of(p)))
+            PipelineNode(p, view.generation(p), lineage.is_root(p),
+                         tuple(lineage.reads_of(p)), tuple(lineage.writes_of(p)),
+                         view.own_delay_ms(p), view.end_to_end_delay_ms(p),
+                         None if lineage.is_root(p) else view.committed_input(p) or None)
             for p in sorted(names))
         nodes = tuple(
             TableNode(t, lineage.writers.get(t, ""), tuple(lineage.readers_of(t)),
-                      completed_barrier(lineage, t, now_ts, first_unapplied.get(t),
-                                        interval_ms))
+                      view.completed(t), view.delay_ms(t), *view.bottleneck(t))
             for t in sorted(shown))
-        return TopologyView(pipelines, nodes, interval_ms, now_ts)
+        return TopologyView(pipelines, nodes, view.interval_ms, view.now_ts)
+
+    # ---------------------------------------------------------------- barrier plans
+
+    def plan_barrier(self, pipeline_id: str, generation: int | None,
+                     after: int | None) -> BarrierPlan:
+        """The end of the pipeline's next micro-batch after its source's offset
+        (``generation``, ``after``), by the rule of docs/topology.md; every source of one
+        query and every retry get the same answer: an answer that moves forward is recorded
+        in the pipeline's record (durable before the reply) and repeated for the same offset.
+
+        Without an offset, or with one of an older generation, the range starts at the
+        current generation's start barrier.
+        """
+        validation.check_id("pipeline_id", pipeline_id)
+        for name, value in (("generation", generation), ("after_barrier", after)):
+            if value is not None:
+                validation.check_non_negative(name, value)
+        for _ in range(PLAN_ATTEMPTS):
+            plan = self._try_plan(pipeline_id, generation, after)
+            if plan is not None:
+                return plan
+        raise FailedPrecondition(
+            f"pipeline {pipeline_id!r} was reset {PLAN_ATTEMPTS} times while its next barrier "
+            "was planned; ask again")
+
+    def _try_plan(self, pipeline_id: str, generation: int | None,
+                  after: int | None) -> BarrierPlan | None:
+        """The plan, or None if the pipeline's generation changed while it was computed."""
+        view = self.completion()
+        current = view.generation(pipeline_id)
+        start = view.start_barrier(pipeline_id)
+        after_barrier = after if after is not None and generation == current else start
+        sources = view.lineage.reads_of(pipeline_id)
+        change = view.first_change_after(sources, after_barrier)
+        with self._lock:
+            record = self._pipelines.get(pipeline_id)
+            remembered = self._remembered(record, current, after_barrier)
+        if remembered is not None:
+            return BarrierPlan(current, start, after_barrier, remembered,
+                               change is not None and change <= remembered)
+        barrier, has_changes = next_barrier(
+            after_barrier, [view.completed(s) for s in sources], change, view.interval_ms)
+        if barrier == after_barrier:  # nothing to read yet: nothing to remember
+            return BarrierPlan(current, start, after_barrier, barrier, has_changes)
+        with self._lock:
+            record = self._pipelines.get(pipeline_id)
+            if (record.generation if record else 0) != current:
+                return None
+            if after_barrier != (self._input_start(record) if record else
+                                 self._last_input_barrier(pipeline_id, current)):
+                # not where the generation's next batch starts (checked under the lock: a
+                # batch may have committed since the view was read): a stale offset is
+                # answered, never remembered, so the next batch's plan stays (T1)
+                return BarrierPlan(current, start, after_barrier, barrier, has_changes)
+            remembered = self._remembered(record, current, after_barrier)
+            if remembered is None:  # first to ask for this offset: the answer is recorded
+                updated = record.copy() if record else self._new_pipeline(pipeline_id)
+                updated.plan_generation = current
+                updated.plan_after = after_barrier
+                updated.plan_barrier = barrier
+                with self.store.batch():
+                    self._persist_pipeline(updated, record)
+                self._pipelines[pipeline_id] = updated
+        if remembered is not None:  # another source of the query was first
+            return BarrierPlan(current, start, after_barrier, remembered,
+                               change is not None and change <= remembered)
+        self.wait_durable()
+        fail_point("after-plan-barrier-durable")
+        log.info("barrier planned", extra={"pipeline_id": pipeline_id, "generation": current,
+                                           "after": after_barrier, "barrier": barrier})
+        return BarrierPlan(current, start, after_barrier, barrier, has_changes)
+
+    @staticmethod
+    def _remembered(record: PipelineRecord | None, generation: int, after: int) -> int | None:
+        if record is None or (record.plan_generation, record.plan_after) != (generation, after):
+            return None
+        return record.plan_barrier
+
+    # ---------------------------------------------------------------- table changes
+
+    def get_table_changes(self, table: str, after: int, upto: int) -> TableChanges:
+        """The table's commits with a barrier in (after, upto], all applied, and its version
+        at ``after``. ``upto`` must be a barrier the table completed: the range is final.
+
+        Raises:
+            FailedPrecondition: ``upto`` is above the table's completed barrier, or ``after``
+                below the retention floor (those index rows may be pruned).
+        """
+        validation.check_non_negative("after_barrier", after)
+        validation.check_non_negative("upto_barrier", upto)
+        if after > upto:
+            raise InvalidArgument(f"after_barrier {after} is above upto_barrier {upto}")
+        canonical = self._resolve_tables([table])[0]
+        view = self.completion()
+        completed = view.completed(canonical)
+        if completed is None or upto > completed:
+            known = ("has no completed barrier yet" if completed is None
+                     else f"has completed barrier {completed}")
+            raise FailedPrecondition(
+                f"table {canonical} {known}: changes up to barrier {upto} are not final yet "
+                "(not completed yet); ask for a barrier it completed (GetTopology)")
+        floor = self.store.retention_floor_ts()
+        # Pruning keeps each table's newest row below the floor: a table with no row below it
+        # never had one, so nothing of the range was pruned (a new downstream pipeline starts
+        # at barrier 0, long below a floor of now - retention).
+        if after < floor and self.store.table_commit_at(canonical, floor - 1) is not None:
+            start = first_barrier_at_or_above(floor, view.interval_ms)
+            raise FailedPrecondition(
+                f"after_barrier {after} of table {canonical} is below the retention floor "
+                f"(timestamp {floor}): the table's history before the floor was pruned from "
+                "the snapshot index (serve --retention-hours), so its changes since "
+                f"{after} cannot be listed. A downstream pipeline whose sources start there "
+                "cannot be served: start it anew at or above the floor with "
+                "`percolake-coordinator reset-pipeline --pipeline P --reason ... "
+                f"--start-barrier {start}` (its next batches read the sources from there; "
+                "the rows before it are not read)")
+        by_input = view.is_downstream(canonical)
+        changes = []
+        for commit in self.store.table_commits_in_range(canonical, after, upto, by_input):
+            assert commit.delta_version is not None, f"unapplied below completed: {commit}"
+            changes.append(TableChange(commit.delta_version, commit.commit_ts,
+                                       commit.barrier(by_input), commit.txn_id))
+        start = view.version_at(canonical, after)
+        return TableChanges(canonical, tuple(sorted(changes, key=lambda c: c.delta_version)),
+                            None if start is None else start.delta_version)
 
     # ---------------------------------------------------------------- writers (declarations)
 
@@ -148,6 +441,8 @@ class Topology(CoreState):
         """Refuses, under the lock, a pipeline declaring a table another pipeline owns (unless
         --shared-table-writers) or whose ownership would close a cycle; changes nothing."""
         names = list(tables)
+        if pipeline_id == REVISE_PIPELINE:  # the coordinator's own revision: owns nothing
+            return
         if not self.config.shared_table_writers:
             for table, owner in self._lineage.foreign_owners(pipeline_id, names).items():
                 raise FailedPrecondition(

@@ -11,10 +11,16 @@ from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition, InvalidArgument, TransactionAborted
 from percolake.failpoints import fail_point
-from percolake.records import TableEntry, TableWriteRecord, TxnRecord
+from percolake.records import TableEntry, TableWriteRecord, TxnRecord, WriteMode
 from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
 
 log = logging.getLogger("percolake.coordinator")
+MAX_SOURCE_OFFSETS_LENGTH = 1024 * 1024
+
+
+def is_empty_append(write: TableWriteRecord) -> bool:
+    """An APPEND of no file: no change of its table."""
+    return write.mode == WriteMode.APPEND and not write.add_files
 
 
 class Writing(CoreState):
@@ -55,6 +61,7 @@ class Writing(CoreState):
         tables: Iterable[str] = (),
         writes: list[TableWriteRecord] | None = None,
         release_unwritten: bool = False,
+        source_offsets: str = "",
     ) -> TxnRecord:
         """The commit point: one durable write makes every table of the transaction visible.
 
@@ -67,21 +74,28 @@ class Writing(CoreState):
             release_unwritten: declared tables without a write leave the transaction in the
                 commit's durable write, and their attempt folders are deleted afterwards;
                 without it such a table refuses the commit.
+            source_offsets: a root batch's Spark source offsets (JSON), recorded with the
+                commit (docs/topology.md: a revision prints them).
         """
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
+        validation.check_text("source_offsets", source_offsets, MAX_SOURCE_OFFSETS_LENGTH)
         names = list(tables)
         self.check_txn_tables(len(names))
         self.check_txn_tables(len(writes or ()), "table writes")
         named = self._resolve_tables(names, self.config.max_tables_per_txn)
         checked: list[TableWriteRecord] = []
+        empty: set[str] = set()  # a downstream batch's empty appends: left out (_empty_appends)
         if writes:
             checked = self._check_writes(txn_id, writes)
             with self._lock:
                 txn = self._live_txn_for_update(txn_id, epoch, allow_committed=True)
+                if txn.input_barrier:  # fixed at Open
+                    empty = {w.table for w in checked if is_empty_append(w)}
+                    checked = [w for w in checked if w.table not in empty]
                 undeclared = any(w.table not in txn.tables for w in checked)
             if undeclared:  # a full prewrite first: it takes the missing holds, maybe waiting
-                self.prewrite(txn_id, epoch, writes)
+                self.prewrite(txn_id, epoch, checked)
                 checked = []
             elif not self._holds_writes(txn, checked):  # not a retry of recorded intents
                 self._check_applicable(checked)
@@ -97,11 +111,16 @@ class Writing(CoreState):
                 txn = self._with_writes(txn, checked)
                 check_transition(txn.state, TxnState.PREWRITTEN)
                 txn.state = TxnState.PREWRITTEN
+            dropped = sorted({t for t in txn.tables if t in empty} | self._empty_appends(txn))
+            named = [t for t in named if t not in empty and t not in dropped]
             missing = [t for t in named if t not in txn.tables or not txn.tables[t].prewritten]
-            unwritten = [t for t, e in txn.tables.items() if not e.prewritten]
+            unwritten = [t for t, e in txn.tables.items()
+                         if not e.prewritten and t not in dropped]
             if release_unwritten and not missing:
                 released = [txn.tables[t] for t in unwritten]
                 unwritten = []
+            if not missing and not unwritten:
+                released += [txn.tables[t] for t in dropped]
             if missing or unwritten:
                 if checked:  # the intents stay recorded, as a separate Prewrite would leave them
                     self.store.update_txn(txn)
@@ -111,6 +130,7 @@ class Writing(CoreState):
                     f"{', '.join(sorted(set(missing) | set(unwritten)))}; prewrite or abort it"
                 )
             self._check_batch_order(txn)
+            self._check_input_barrier(txn)
             fail_point("before-commit-durable")
             # Taken under the lock with its durable write, so a snapshot never sees a ts above
             # a commit that is not yet durable.
@@ -123,6 +143,7 @@ class Writing(CoreState):
             updated.state = target
             updated.commit_ts = commit_ts
             updated.updated_ms = wall_ms()
+            updated.source_offsets = source_offsets
             pipeline = self._pipelines[txn.pipeline_id].copy()
             current_generation = pipeline.generation == txn.generation
             if current_generation:
@@ -130,19 +151,24 @@ class Writing(CoreState):
             with self.store.batch():
                 self.store.update_txn(updated)
                 for table in updated.tables:
-                    self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None))
+                    self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None,
+                                                            txn.input_barrier))
                 self.store.update_pipeline(pipeline)
             self._pipelines[pipeline.pipeline_id] = pipeline
             if current_generation:
                 self._last_commit_at[pipeline.pipeline_id] = self._monotonic()
             key = (txn.pipeline_id, txn.generation)
             self._newest_batch[key] = max(self._newest_batch.get(key, -1), txn.batch_id)
+            if txn.input_barrier:  # loaded by _check_input_barrier
+                self._last_input[key] = max(self._last_input[key], txn.input_barrier)
             for entry in released:
                 if self._holders.get(entry.table) == txn_id:
                     del self._holders[entry.table]
             self._track(updated)
             self._changed.notify_all()
         self.wait_durable()  # the servicer would wait too; C5 must come after the fsync
+        if updated.input_barrier:
+            fail_point("after-input-barrier-commit")
         self._remove_released(txn_id, released)
         fail_point("after-commit-durable-before-reply")
         log.info("committed", extra={"txn_id": txn_id, "commit_ts": commit_ts,
@@ -194,6 +220,17 @@ class Writing(CoreState):
         self._clean_up(expired)
         return txn.state, 0
 
+    @staticmethod
+    def _empty_appends(txn: TxnRecord) -> set[str]:
+        """The tables a downstream batch appends no file to. Left out of its commit, as if
+        declared but not written: such a commit would change nothing, yet an unapplied
+        table-commit row at its input barrier (often one the table already completed, an empty
+        step's) would pull the table's completed barrier back below it (T2)."""
+        if not txn.input_barrier:
+            return set()  # a root pipeline's (or a batch without an input barrier): as ever
+        return {t for t, e in txn.tables.items()
+                if e.write is not None and is_empty_append(e.write)}
+
     def _check_batch_order(self, txn: TxnRecord) -> None:
         """Batch ids of a generation commit in increasing order: a table's Delta app
         transaction version is the batch id, so an apply skips any batch below one it holds."""
@@ -207,6 +244,24 @@ class Writing(CoreState):
                 f"{txn.generation} cannot commit after batch {self._newest_batch[key]}: the "
                 "batches of a generation commit in increasing order (a checkpoint restored "
                 "from a backup? start a new generation with reset-pipeline)")
+
+    def _check_input_barrier(self, txn: TxnRecord) -> None:
+        """T1 (docs/topology.md): a batch's input barrier lies strictly above the last one its
+        generation committed (or, before the first, the generation's start barrier). A lower
+        one means its sources planned a range already read: a broken plan, refused loudly."""
+        if not txn.input_barrier:
+            return
+        last = self._last_input_barrier(txn.pipeline_id, txn.generation)
+        floor, what = last, "the last input barrier its generation committed"
+        pipeline = self._pipelines.get(txn.pipeline_id)
+        if not last and pipeline is not None and pipeline.generation == txn.generation:
+            floor, what = pipeline.start_barrier, "the start barrier of its generation"
+        if txn.input_barrier <= floor:
+            raise FailedPrecondition(
+                f"transaction {txn.txn_id} (pipeline {txn.pipeline_id!r} generation "
+                f"{txn.generation}, batch {txn.batch_id}) has input barrier {txn.input_barrier}, "
+                f"not above {what}, {floor}: its sources planned a range already read (T1); "
+                "abort it and replan the batch")
 
     def _check_applicable(self, writes: list[TableWriteRecord]) -> None:
         """I10: refuses, before the commit point, a write whose apply could fail. Called with

@@ -9,6 +9,7 @@ from typing import Any
 from coordinator.store.base import (
     IndexView,
     Lease,
+    LeaseRecord,
     Store,
     StoreSchemaError,
     TableCommit,
@@ -17,8 +18,9 @@ from coordinator.store.base import (
 from coordinator.store.memory import MemoryStore
 from coordinator.store.sqlite import SqliteStore
 
-__all__ = ["IndexView", "Lease", "MemoryStore", "PostgresStore", "SqliteStore", "Store",
-           "StoreSchemaError", "TableCommit", "TxnQuery", "is_postgres_url", "open_store"]
+__all__ = ["IndexView", "Lease", "LeaseRecord", "MemoryStore", "PostgresStore", "SqliteStore",
+           "Store", "StoreSchemaError", "TableCommit", "TxnQuery", "is_postgres_url",
+           "open_store"]
 
 
 def is_postgres_url(url: str) -> bool:

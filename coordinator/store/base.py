@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,12 @@ class TableCommit:
     commit_ts: int
     txn_id: str
     delta_version: int | None
+    input_barrier: int = 0  # the committing transaction's (docs/topology.md); 0: a root's
+
+    def barrier(self, by_input_barrier: bool) -> int:
+        """The barrier this commit changes its table at: its input barrier for a downstream
+        table, its commit_ts for a root table."""
+        return self.input_barrier if by_input_barrier else self.commit_ts
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,28 @@ class ReadEdge:
     pipeline_id: str
     table: str
     registered_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A reader's lease on a snapshot (docs/topology.md, safe expiry): vacuum keeps the files
+    of these (table, Delta version)s until ``expires_ms``."""
+
+    lease_id: str
+    holder: str
+    tables: tuple[tuple[str, int], ...]  # (canonical table, Delta version)
+    barrier_ts: int  # the snapshot's barrier (or commit_ts)
+    created_ms: int
+    expires_ms: int
+    principal: str = ""  # who took it: only they (or an ADMIN on '*') may release it
+
+    def tables_json(self) -> str:
+        return json.dumps([{"table": t, "version": v} for t, v in self.tables],
+                          separators=(",", ":"))
+
+    @staticmethod
+    def tables_from_json(text: str) -> tuple[tuple[str, int], ...]:
+        return tuple((t["table"], int(t["version"])) for t in json.loads(text or "[]"))
 
 
 @dataclass
@@ -213,6 +242,57 @@ class Store(abc.ABC):
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         """Commits to ``table`` at or below ``max_commit_ts`` not yet applied, in order."""
 
+    # input barriers (docs/topology.md). ``by_input_barrier`` keys a commit by its input
+    # barrier (a downstream table's changes) instead of its commit_ts (a root table's); keyed
+    # so, a commit with input barrier 0 is never found.
+    @abc.abstractmethod
+    def table_commits_in_range(self, table: str, after: int, upto: int,
+                               by_input_barrier: bool) -> list[TableCommit]:
+        """The commits to ``table`` whose key lies in (after, upto], in commit_ts order."""
+
+    @abc.abstractmethod
+    def table_commit_at_barrier(self, table: str, barrier: int,
+                                by_input_barrier: bool) -> TableCommit | None:
+        """The newest commit (by commit_ts) to ``table`` whose key is <= ``barrier`` (and,
+        keyed by input barrier, > 0): the table's version at that barrier."""
+
+    @abc.abstractmethod
+    def first_table_commit_after(self, table: str, after: int,
+                                 by_input_barrier: bool) -> TableCommit | None:
+        """The oldest commit (by commit_ts) to ``table`` whose key is > ``after``."""
+
+    @abc.abstractmethod
+    def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
+        """The highest input barrier of the generation's COMMITTED or APPLIED transactions, 0
+        if none has one. Pruning keeps it: input barriers rise with batch ids (T1), and the
+        newest committed batch with one is never pruned."""
+
+    @abc.abstractmethod
+    def newest_commit_at_or_before(self, pipeline_id: str, max_commit_ts: int) -> TxnRecord | None:
+        """The pipeline's COMMITTED or APPLIED transaction (any generation, any batch) with the
+        highest commit_ts <= ``max_commit_ts``; None if none (or it was pruned)."""
+
+    @abc.abstractmethod
+    def first_unapplied_input_barrier(self, table: str) -> int | None:
+        """The lowest input barrier (> 0) of the table's unapplied commits, None if none."""
+
+    # snapshot leases (docs/topology.md)
+    @abc.abstractmethod
+    def insert_lease(self, lease: LeaseRecord) -> None:
+        """Raises StoreConflict if the lease_id exists."""
+
+    @abc.abstractmethod
+    def delete_lease(self, lease_id: str) -> bool:
+        """Removes the lease; False if there was none."""
+
+    @abc.abstractmethod
+    def load_leases(self) -> list[LeaseRecord]:
+        """Every lease (expired ones not yet deleted included), ordered by lease_id."""
+
+    @abc.abstractmethod
+    def delete_expired_leases(self, now_ms: int) -> int:
+        """Removes every lease with expires_ms <= ``now_ms``; returns how many."""
+
     # retention
     @abc.abstractmethod
     def retention_floor_ts(self) -> int:
@@ -226,10 +306,11 @@ class Store(abc.ABC):
         Deleted: APPLIED and ABORTED transactions created and last updated before
         ``cutoff_ms``, except those in ``keep`` and, per (pipeline, generation), the committed
         attempt of the newest committed batch (so a replay of it is still answered "already
-        committed"); and applied snapshot-index rows with commit_ts below ``floor_ts``, except
-        each table's newest row at or below ``floor_ts`` (what a snapshot at or after the floor
-        reads). Unfinished transactions and unapplied index rows are never deleted. Raises the
-        recorded floor to ``floor_ts``, durably with the deletions.
+        committed") and that of the newest committed batch with an input barrier (what
+        ``last_input_barrier`` answers); and applied snapshot-index rows with commit_ts below
+        ``floor_ts``, except each table's newest row at or below ``floor_ts`` (what a snapshot
+        at or after the floor reads). Unfinished transactions and unapplied index rows are
+        never deleted. Raises the recorded floor to ``floor_ts``, durably with the deletions.
 
         Returns:
             How many transactions and how many snapshot-index rows were deleted.

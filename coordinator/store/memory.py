@@ -14,6 +14,7 @@ from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
     Lease,
+    LeaseRecord,
     ReadEdge,
     Store,
     TableCommit,
@@ -45,6 +46,7 @@ class MemoryStore(Store):
         self._acl: dict[tuple[str, str, str, str], AclRecord] = {}
         self._writers: dict[str, TableWriter] = {}
         self._read_edges: dict[tuple[str, str], ReadEdge] = {}
+        self._leases: dict[str, LeaseRecord] = {}
         self._depth = 0
 
     @contextlib.contextmanager
@@ -59,14 +61,14 @@ class MemoryStore(Store):
                 return
             saved = copy.deepcopy((self._high_water, self._pipelines, self._txns,
                                    self._table_commits, self._floor_ts, self._tokens,
-                                   self._acl, self._writers, self._read_edges))
+                                   self._acl, self._writers, self._read_edges, self._leases))
             self._depth = 1
             try:
                 yield
             except BaseException:
                 (self._high_water, self._pipelines, self._txns, self._table_commits,
                  self._floor_ts, self._tokens, self._acl, self._writers,
-                 self._read_edges) = saved
+                 self._read_edges, self._leases) = saved
                 raise
             finally:
                 self._depth = 0
@@ -197,8 +199,8 @@ class MemoryStore(Store):
             old = self._table_commits.get((table, commit_ts))
             if old is None:
                 raise StoreConflict(f"no table commit {(table, commit_ts)}")
-            self._table_commits[(table, commit_ts)] = TableCommit(
-                table, commit_ts, old.txn_id, delta_version)
+            self._table_commits[(table, commit_ts)] = dataclasses.replace(
+                old, delta_version=delta_version)
 
     def _commits_of(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         return sorted((c for (t, ts), c in self._table_commits.items()
@@ -218,6 +220,68 @@ class MemoryStore(Store):
         with self._lock:
             return [c for c in self._commits_of(table, max_commit_ts) if c.delta_version is None]
 
+    def _keyed(self, table: str, by_input_barrier: bool) -> list[tuple[int, TableCommit]]:
+        """(key, commit) of the table's commits in commit_ts order; keyed by input barrier,
+        those without one are left out."""
+        return [(c.barrier(by_input_barrier), c) for c in self._commits_of(table, 2**63)
+                if not by_input_barrier or c.input_barrier > 0]
+
+    def table_commits_in_range(self, table: str, after: int, upto: int,
+                               by_input_barrier: bool) -> list[TableCommit]:
+        with self._lock:
+            return [c for key, c in self._keyed(table, by_input_barrier) if after < key <= upto]
+
+    def table_commit_at_barrier(self, table: str, barrier: int,
+                                by_input_barrier: bool) -> TableCommit | None:
+        with self._lock:
+            found = [c for key, c in self._keyed(table, by_input_barrier) if key <= barrier]
+            return found[-1] if found else None
+
+    def first_table_commit_after(self, table: str, after: int,
+                                 by_input_barrier: bool) -> TableCommit | None:
+        with self._lock:
+            return next((c for key, c in self._keyed(table, by_input_barrier) if key > after),
+                        None)
+
+    def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
+        with self._lock:
+            return max((t["input_barrier"] for t in self._txns.values()
+                        if t["pipeline_id"] == pipeline_id and t["generation"] == generation
+                        and t["state"] in ("COMMITTED", "APPLIED")), default=0)
+
+    def newest_commit_at_or_before(self, pipeline_id: str, max_commit_ts: int) -> TxnRecord | None:
+        with self._lock:
+            return max((t for t in self._all() if t.pipeline_id == pipeline_id
+                        and t.state in COMMITTED_STATES and 0 < t.commit_ts <= max_commit_ts),
+                       key=lambda t: t.commit_ts, default=None)
+
+    def first_unapplied_input_barrier(self, table: str) -> int | None:
+        with self._lock:
+            return min((c.input_barrier for c in self._table_commits.values()
+                        if c.table == table and c.delta_version is None
+                        and c.input_barrier > 0), default=None)
+
+    def insert_lease(self, lease: LeaseRecord) -> None:
+        with self._lock:
+            if lease.lease_id in self._leases:
+                raise StoreConflict(f"lease {lease.lease_id} exists")
+            self._leases[lease.lease_id] = lease
+
+    def delete_lease(self, lease_id: str) -> bool:
+        with self._lock:
+            return self._leases.pop(lease_id, None) is not None
+
+    def load_leases(self) -> list[LeaseRecord]:
+        with self._lock:
+            return [self._leases[k] for k in sorted(self._leases)]
+
+    def delete_expired_leases(self, now_ms: int) -> int:
+        with self._lock:
+            expired = [k for k, lease in self._leases.items() if lease.expires_ms <= now_ms]
+            for key in expired:
+                del self._leases[key]
+            return len(expired)
+
     def retention_floor_ts(self) -> int:
         return self._floor_ts
 
@@ -225,16 +289,21 @@ class MemoryStore(Store):
               keep: frozenset[str] = frozenset()) -> tuple[int, int]:
         with self.batch():
             newest: dict[tuple[str, int], int] = {}
+            newest_with_input: dict[tuple[str, int], int] = {}  # ... with an input barrier
             for t in self._txns.values():
                 if t["state"] in ("APPLIED", "COMMITTED"):
                     key = (t["pipeline_id"], t["generation"])
                     newest[key] = max(newest.get(key, -1), t["batch_id"])
+                    if t["input_barrier"]:
+                        newest_with_input[key] = max(newest_with_input.get(key, -1),
+                                                     t["batch_id"])
             doomed = [
                 t["txn_id"] for t in sorted(self._txns.values(), key=lambda r: r["start_ts"])
                 if t["state"] in ("APPLIED", "ABORTED") and t["updated_ms"] < cutoff_ms
                 and t["created_ms"] < cutoff_ms and t["txn_id"] not in keep
-                and not (t["state"] == "APPLIED"
-                         and newest[(t["pipeline_id"], t["generation"])] == t["batch_id"])
+                and not (t["state"] == "APPLIED" and t["batch_id"] in (
+                    newest[(t["pipeline_id"], t["generation"])],
+                    newest_with_input.get((t["pipeline_id"], t["generation"]))))
             ][:limit]
             for txn_id in doomed:
                 del self._txns[txn_id]

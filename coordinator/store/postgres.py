@@ -43,13 +43,20 @@ from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
     Lease,
+    LeaseRecord,
     ReadEdge,
     Store,
     TableCommit,
     TableWriter,
     TxnQuery,
 )
-from coordinator.store.schema import PIPELINE_COLUMNS, SELECT_TXN, TXN_COLUMNS, migrate_postgres
+from coordinator.store.schema import (
+    PIPELINE_COLUMNS,
+    SELECT_TXN,
+    TABLE_COMMIT_COLUMNS,
+    TXN_COLUMNS,
+    migrate_postgres,
+)
 from percolake.errors import NotLeader, StoreConflict, StoreUnavailable
 from percolake.records import PipelineRecord, TxnRecord
 
@@ -62,10 +69,10 @@ _READ_LEASE = ("SELECT holder, epoch, address, "
                "FROM leader_lease WHERE id = 1")
 _INDEX_VIEW = """
 SELECT (SELECT value FROM meta WHERE key = 'retention_floor_ts'),
-       c.table_uri, c.commit_ts, c.txn_id, c.delta_version
+       c.table_uri, c.commit_ts, c.txn_id, c.delta_version, c.input_barrier
 FROM unnest(%s::text[]) WITH ORDINALITY AS u(uri, ord)
 LEFT JOIN LATERAL (
-    SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits
+    SELECT table_uri, commit_ts, txn_id, delta_version, input_barrier FROM table_commits
     WHERE table_uri = u.uri AND commit_ts <= %s ORDER BY commit_ts DESC LIMIT 1) AS c ON true
 ORDER BY u.ord"""
 _TABLES_INDEXED = """
@@ -440,8 +447,10 @@ class PostgresStore(Store):
 
     def add_table_commit(self, commit: TableCommit) -> None:
         count = self._write(
-            "INSERT INTO table_commits VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version))
+            f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version,
+             commit.input_barrier))
         if count != 1:
             raise StoreConflict(f"table commit {commit} exists")
 
@@ -454,7 +463,7 @@ class PostgresStore(Store):
 
     def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
         rows = self._read(
-            "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
+            f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits "
             "WHERE table_uri = %s AND commit_ts <= %s ORDER BY commit_ts DESC LIMIT 1",
             (table, max_commit_ts))
         return TableCommit(*rows[0]) if rows else None
@@ -471,10 +480,84 @@ class PostgresStore(Store):
 
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         rows = self._read(
-            "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
+            f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits "
             "WHERE table_uri = %s AND commit_ts <= %s AND delta_version IS NULL "
             "ORDER BY commit_ts", (table, max_commit_ts))
         return [TableCommit(*r) for r in rows]
+
+    # ------------------------------------------------------------------ input barriers
+
+    def _commits_where(self, table: str, condition: str, params: tuple,
+                       by_input_barrier: bool, tail: str) -> list[TableCommit]:
+        """Commits to ``table`` meeting ``condition`` on the key column ``k`` (see ``Store``):
+        keyed by input barrier, rows without one are left out."""
+        key = "input_barrier" if by_input_barrier else "commit_ts"
+        without = " AND input_barrier > 0" if by_input_barrier else ""
+        rows = self._read(
+            f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits WHERE table_uri = %s "
+            f"AND {condition.format(k=key)}{without} {tail}", (table, *params))
+        return [TableCommit(*r) for r in rows]
+
+    def table_commits_in_range(self, table: str, after: int, upto: int,
+                               by_input_barrier: bool) -> list[TableCommit]:
+        return self._commits_where(table, "{k} > %s AND {k} <= %s", (after, upto),
+                                   by_input_barrier, "ORDER BY commit_ts")
+
+    def table_commit_at_barrier(self, table: str, barrier: int,
+                                by_input_barrier: bool) -> TableCommit | None:
+        found = self._commits_where(table, "{k} <= %s", (barrier,), by_input_barrier,
+                                    "ORDER BY commit_ts DESC LIMIT 1")
+        return found[0] if found else None
+
+    def first_table_commit_after(self, table: str, after: int,
+                                 by_input_barrier: bool) -> TableCommit | None:
+        found = self._commits_where(table, "{k} > %s", (after,), by_input_barrier,
+                                    "ORDER BY commit_ts LIMIT 1")
+        return found[0] if found else None
+
+    def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
+        # from the top of the generation's input barriers down (transactions_by_input_barrier):
+        # only the attempts of its next batch can lie above its newest committed one
+        rows = self._read(
+            "SELECT input_barrier FROM transactions WHERE pipeline_id = %s "
+            "AND generation = %s AND input_barrier > 0 AND state IN ('COMMITTED', 'APPLIED') "
+            "ORDER BY input_barrier DESC LIMIT 1", (pipeline_id, generation))
+        return rows[0][0] if rows else 0
+
+    def newest_commit_at_or_before(self, pipeline_id: str, max_commit_ts: int) -> TxnRecord | None:
+        found = self._txns("pipeline_id = %s AND commit_ts > 0 AND commit_ts <= %s "
+                           "AND state IN ('COMMITTED', 'APPLIED')", (pipeline_id, max_commit_ts),
+                           "ORDER BY commit_ts DESC LIMIT 1")
+        return found[0] if found else None
+
+    def first_unapplied_input_barrier(self, table: str) -> int | None:
+        rows = self._read(
+            "SELECT MIN(input_barrier) FROM table_commits WHERE table_uri = %s "
+            "AND delta_version IS NULL AND input_barrier > 0", (table,))
+        return rows[0][0]
+
+    # ------------------------------------------------------------------ snapshot leases
+
+    def insert_lease(self, lease: LeaseRecord) -> None:
+        count = self._write(
+            "INSERT INTO leases (lease_id, holder, tables, barrier_ts, created_ms, expires_ms, "
+            "principal) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (lease.lease_id, lease.holder, lease.tables_json(), lease.barrier_ts,
+             lease.created_ms, lease.expires_ms, lease.principal))
+        if count != 1:
+            raise StoreConflict(f"lease {lease.lease_id} exists")
+
+    def delete_lease(self, lease_id: str) -> bool:
+        return self._write("DELETE FROM leases WHERE lease_id = %s", (lease_id,)) == 1
+
+    def load_leases(self) -> list[LeaseRecord]:
+        rows = self._read("SELECT lease_id, holder, tables, barrier_ts, created_ms, expires_ms, "
+                          "principal FROM leases ORDER BY lease_id")
+        return [LeaseRecord(r[0], r[1], LeaseRecord.tables_from_json(r[2]), *r[3:])
+                for r in rows]
+
+    def delete_expired_leases(self, now_ms: int) -> int:
+        return self._write("DELETE FROM leases WHERE expires_ms <= %s", (now_ms,))
 
     # ------------------------------------------------------------------ retention
 
@@ -514,7 +597,11 @@ class PostgresStore(Store):
             "AND state IN ('APPLIED', 'ABORTED') AND updated_ms < %s AND created_ms < %s "
             "AND (state = 'ABORTED' OR EXISTS (SELECT 1 FROM transactions AS n "
             "WHERE n.pipeline_id = t.pipeline_id AND n.generation = t.generation "
-            "AND n.batch_id > t.batch_id AND n.state IN ('APPLIED', 'COMMITTED'))) "
+            "AND n.batch_id > t.batch_id AND n.state IN ('APPLIED', 'COMMITTED')) "
+            "AND (t.input_barrier = 0 OR EXISTS (SELECT 1 FROM transactions AS m "
+            "WHERE m.pipeline_id = t.pipeline_id AND m.generation = t.generation "
+            "AND m.batch_id > t.batch_id AND m.state IN ('APPLIED', 'COMMITTED') "
+            "AND m.input_barrier > 0))) "
             "ORDER BY start_ts LIMIT %s",
             ((cutoff_ms << 18) + 1, cutoff_ms, cutoff_ms, limit + len(keep)))
         return [txn_id for (txn_id,) in rows if txn_id not in keep][:limit]

@@ -4,7 +4,9 @@ transaction, a newer one refused (this coordinator would misread it).
 PostgreSQL's schema is an ordered list of migrations: version 1 holds the records (the same
 tables as SQLite's), version 2 adds the leader lease, version 3 the security records (tokens,
 ACL entries, the principal of each transaction), version 4 the lineage (each table's owning
-pipeline, the tables each pipeline reads); SQLite's goes from 1 to 3 to 4. Two processes
+pipeline, the tables each pipeline reads), version 5 the input barriers (of transactions and
+snapshot-index rows), source offsets, the pipelines' input starts and remembered plans, and the
+snapshot leases; SQLite's goes from 1 to 3 to 4 to 5. Two processes
 creating or migrating the same database at once take turns on an advisory lock.
 """
 
@@ -23,12 +25,13 @@ if TYPE_CHECKING:  # psycopg is loaded only by the PostgreSQL store
 TXN_COLUMNS = (
     "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id", "state",
     "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
-    "principal",
+    "principal", "input_barrier", "source_offsets",
 )
 PIPELINE_COLUMNS = (
     "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
-    "row_version",
+    "row_version", "start_barrier", "plan_generation", "plan_after", "plan_barrier",
 )
+TABLE_COMMIT_COLUMNS = "table_uri, commit_ts, txn_id, delta_version, input_barrier"
 SELECT_TXN = f"SELECT {', '.join(TXN_COLUMNS)} FROM transactions"
 
 MIGRATION_LOCK = 0x7065_7263_6F6C_616B  # "percolak": pg_advisory_xact_lock key (a bigint)
@@ -130,11 +133,35 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
             registered_ms BIGINT NOT NULL,
             PRIMARY KEY (pipeline_id, table_uri))""",
     )),
+    Migration(5, (
+        # Input barriers, source offsets, plans and snapshot leases (docs/topology.md).
+        "ALTER TABLE transactions ADD COLUMN input_barrier BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE transactions ADD COLUMN source_offsets TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE table_commits ADD COLUMN input_barrier BIGINT NOT NULL DEFAULT 0",
+        "CREATE INDEX table_commits_by_input_barrier ON table_commits (table_uri, input_barrier) "
+        "WHERE input_barrier > 0",
+        # a generation's last input barrier: the top of its range, not every attempt
+        "CREATE INDEX transactions_by_input_barrier ON transactions "
+        "(pipeline_id, generation, input_barrier) WHERE input_barrier > 0",
+        "ALTER TABLE pipelines ADD COLUMN start_barrier BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE pipelines ADD COLUMN plan_generation BIGINT NOT NULL DEFAULT -1",
+        "ALTER TABLE pipelines ADD COLUMN plan_after BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE pipelines ADD COLUMN plan_barrier BIGINT NOT NULL DEFAULT 0",
+        """CREATE TABLE leases (
+            lease_id TEXT COLLATE "C" PRIMARY KEY,
+            holder TEXT NOT NULL,
+            tables TEXT NOT NULL,
+            barrier_ts BIGINT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            expires_ms BIGINT NOT NULL,
+            principal TEXT NOT NULL DEFAULT '')""",
+        "CREATE INDEX transactions_by_pipeline_commit ON transactions (pipeline_id, commit_ts)",
+    )),
 )
 
 # SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
 # SQLite counterpart, so a SQLite store goes from 1 straight to 3, the security records, then 4,
-# the lineage.
+# the lineage, then 5, the input barriers and snapshot leases.
 SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, (
         "ALTER TABLE transactions ADD COLUMN principal TEXT NOT NULL DEFAULT ''",
@@ -163,6 +190,29 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
             table_uri TEXT NOT NULL,
             registered_ms INTEGER NOT NULL,
             PRIMARY KEY (pipeline_id, table_uri))""",
+    )),
+    Migration(5, (
+        "ALTER TABLE transactions ADD COLUMN input_barrier INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE transactions ADD COLUMN source_offsets TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE table_commits ADD COLUMN input_barrier INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX table_commits_by_input_barrier ON table_commits (table_uri, input_barrier) "
+        "WHERE input_barrier > 0",
+        # a generation's last input barrier: the top of its range, not every attempt
+        "CREATE INDEX transactions_by_input_barrier ON transactions "
+        "(pipeline_id, generation, input_barrier) WHERE input_barrier > 0",
+        "ALTER TABLE pipelines ADD COLUMN start_barrier INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE pipelines ADD COLUMN plan_generation INTEGER NOT NULL DEFAULT -1",
+        "ALTER TABLE pipelines ADD COLUMN plan_after INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE pipelines ADD COLUMN plan_barrier INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE leases (
+            lease_id TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            tables TEXT NOT NULL,
+            barrier_ts INTEGER NOT NULL,
+            created_ms INTEGER NOT NULL,
+            expires_ms INTEGER NOT NULL,
+            principal TEXT NOT NULL DEFAULT '')""",
+        "CREATE INDEX transactions_by_pipeline_commit ON transactions (pipeline_id, commit_ts)",
     )),
 )
 

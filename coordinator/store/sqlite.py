@@ -26,6 +26,7 @@ from coordinator.auth.records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
+    LeaseRecord,
     ReadEdge,
     Store,
     TableCommit,
@@ -36,6 +37,7 @@ from coordinator.store.schema import (
     PIPELINE_COLUMNS,
     SELECT_TXN,
     SQLITE_MIGRATIONS,
+    TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
     refuse_newer,
 )
@@ -351,8 +353,9 @@ class SqliteStore(Store):
     def add_table_commit(self, commit: TableCommit) -> None:
         try:
             self._write(
-                "INSERT INTO table_commits VALUES (?, ?, ?, ?)",
-                (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version),
+                f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version,
+                 commit.input_barrier),
             )
         except sqlite3.IntegrityError as exc:
             raise StoreConflict(f"table commit {commit} exists") from exc
@@ -367,7 +370,7 @@ class SqliteStore(Store):
 
     def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
         rows = self._read(
-            "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
+            f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits "
             "WHERE table_uri = ? AND commit_ts <= ? ORDER BY commit_ts DESC LIMIT 1",
             (table, max_commit_ts),
         )
@@ -393,11 +396,90 @@ class SqliteStore(Store):
 
     def unapplied_table_commits(self, table: str, max_commit_ts: int) -> list[TableCommit]:
         rows = self._read(
-            "SELECT table_uri, commit_ts, txn_id, delta_version FROM table_commits "
+            f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits "
             "WHERE table_uri = ? AND commit_ts <= ? AND delta_version IS NULL ORDER BY commit_ts",
             (table, max_commit_ts),
         )
         return [TableCommit(*r) for r in rows]
+
+    @staticmethod
+    def _key(by_input_barrier: bool) -> str:
+        """The column a commit is keyed by (see ``Store``); keyed by input barrier, rows
+        without one are left out by the extra condition."""
+        return "input_barrier" if by_input_barrier else "commit_ts"
+
+    def _commits_where(self, table: str, condition: str, params: tuple,
+                       by_input_barrier: bool, tail: str) -> list[TableCommit]:
+        without = " AND input_barrier > 0" if by_input_barrier else ""
+        rows = self._read(
+            f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits WHERE table_uri = ? "
+            f"AND {condition}{without} {tail}", (table, *params))
+        return [TableCommit(*r) for r in rows]
+
+    def table_commits_in_range(self, table: str, after: int, upto: int,
+                               by_input_barrier: bool) -> list[TableCommit]:
+        key = self._key(by_input_barrier)
+        return self._commits_where(table, f"{key} > ? AND {key} <= ?", (after, upto),
+                                   by_input_barrier, "ORDER BY commit_ts")
+
+    def table_commit_at_barrier(self, table: str, barrier: int,
+                                by_input_barrier: bool) -> TableCommit | None:
+        # "+": not the input-barrier index (every row <= barrier, then sorted) but the primary
+        # key from the newest commit down, stopping at the first match (a barrier is nearly
+        # always recent; in a generation, input barriers rise with commit_ts)
+        condition = "+input_barrier <= ? AND +input_barrier > 0" if by_input_barrier \
+            else "commit_ts <= ?"
+        found = self._commits_where(table, condition, (barrier,), False,
+                                    "ORDER BY commit_ts DESC LIMIT 1")
+        return found[0] if found else None
+
+    def first_table_commit_after(self, table: str, after: int,
+                                 by_input_barrier: bool) -> TableCommit | None:
+        found = self._commits_where(table, f"{self._key(by_input_barrier)} > ?", (after,),
+                                    by_input_barrier, "ORDER BY commit_ts LIMIT 1")
+        return found[0] if found else None
+
+    def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
+        # from the top of the generation's input barriers down (an index, not every attempt):
+        # only the attempts of its next batch can lie above its newest committed one
+        rows = self._read(
+            "SELECT input_barrier FROM transactions WHERE pipeline_id = ? AND generation = ? "
+            "AND input_barrier > 0 AND state IN ('COMMITTED', 'APPLIED') "
+            "ORDER BY input_barrier DESC LIMIT 1", (pipeline_id, generation))
+        return rows[0][0] if rows else 0
+
+    def newest_commit_at_or_before(self, pipeline_id: str, max_commit_ts: int) -> TxnRecord | None:
+        found = self._txns("pipeline_id = ? AND commit_ts > 0 AND commit_ts <= ? "
+                           "AND state IN ('COMMITTED', 'APPLIED')", (pipeline_id, max_commit_ts),
+                           "ORDER BY commit_ts DESC LIMIT 1")
+        return found[0] if found else None
+
+    def first_unapplied_input_barrier(self, table: str) -> int | None:
+        rows = self._read(
+            "SELECT MIN(input_barrier) FROM table_commits WHERE table_uri = ? "
+            "AND delta_version IS NULL AND input_barrier > 0", (table,))
+        return rows[0][0]
+
+    def insert_lease(self, lease: LeaseRecord) -> None:
+        try:
+            self._write("INSERT INTO leases (lease_id, holder, tables, barrier_ts, created_ms, "
+                        "expires_ms, principal) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (lease.lease_id, lease.holder, lease.tables_json(), lease.barrier_ts,
+                         lease.created_ms, lease.expires_ms, lease.principal))
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"lease {lease.lease_id} exists") from exc
+
+    def delete_lease(self, lease_id: str) -> bool:
+        return self._write("DELETE FROM leases WHERE lease_id = ?", (lease_id,)) == 1
+
+    def load_leases(self) -> list[LeaseRecord]:
+        rows = self._read("SELECT lease_id, holder, tables, barrier_ts, created_ms, expires_ms, "
+                          "principal FROM leases ORDER BY lease_id")
+        return [LeaseRecord(r[0], r[1], LeaseRecord.tables_from_json(r[2]), *r[3:])
+                for r in rows]
+
+    def delete_expired_leases(self, now_ms: int) -> int:
+        return self._write("DELETE FROM leases WHERE expires_ms <= ?", (now_ms,))
 
     def retention_floor_ts(self) -> int:
         rows = self._read("SELECT value FROM meta WHERE key='retention_floor_ts'")
@@ -439,7 +521,11 @@ class SqliteStore(Store):
             "AND +state IN ('APPLIED', 'ABORTED') AND updated_ms < ? AND +created_ms < ? "
             "AND (state = 'ABORTED' OR EXISTS (SELECT 1 FROM transactions AS n "
             "WHERE n.pipeline_id = t.pipeline_id AND n.generation = t.generation "
-            "AND n.batch_id > t.batch_id AND n.state IN ('APPLIED', 'COMMITTED'))) "
+            "AND n.batch_id > t.batch_id AND n.state IN ('APPLIED', 'COMMITTED')) "
+            "AND (t.input_barrier = 0 OR EXISTS (SELECT 1 FROM transactions AS m "
+            "WHERE m.pipeline_id = t.pipeline_id AND m.generation = t.generation "
+            "AND m.batch_id > t.batch_id AND m.state IN ('APPLIED', 'COMMITTED') "
+            "AND m.input_barrier > 0))) "
             "ORDER BY start_ts LIMIT ?",
             ((cutoff_ms << 18) + 1, cutoff_ms, cutoff_ms, limit + len(keep))).fetchall()
         return [txn_id for (txn_id,) in rows if txn_id not in keep][:limit]

@@ -29,10 +29,10 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from percolake.errors import Unavailable
+from percolake.errors import FailedPrecondition, Unavailable
 from percolake.lake import storage
 from percolake.lake.warehouse import check_table_location, delta_uri, is_object_store, local_path
-from percolake.records import PartitionValues, TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, PartitionValues, TableWriteRecord, WriteMode
 
 log = logging.getLogger("percolake.delta")
 
@@ -67,6 +67,69 @@ def open_table(table_uri: str, version: int | None = None) -> DeltaTable | None:
     if not DeltaTable.is_deltatable(path):
         return None
     return DeltaTable(path, version=version) if version is not None else DeltaTable(path)
+
+
+class VersionFiles(NamedTuple):
+    """What a table holds at one version: its layout and its data files as add records."""
+
+    schema_json: str
+    partition_columns: tuple[str, ...]
+    files: tuple[AddFileRecord, ...]
+
+
+def files_of_version(table_uri: str, version: int) -> VersionFiles:
+    """The data files of ``table_uri`` at ``version``, as write intents list them: real
+    relative paths, partition values as Delta's strings, the stats delta-rs reports (row
+    count, null counts; min and max of numbers, strings, booleans and dates; others left out,
+    which only costs data skipping).
+
+    Raises:
+        FailedPrecondition: the table or that version cannot be read (no table, version
+            removed by log cleanup).
+    """
+    try:
+        table = open_table(table_uri, version)
+    except (DeltaError, OSError) as exc:
+        raise FailedPrecondition(f"table {table_uri}: version {version} cannot be read "
+                                 f"({exc})") from None
+    if table is None:
+        raise FailedPrecondition(f"table {table_uri} has no Delta log")
+    files = tuple(
+        AddFileRecord(unquote(add["path"]), add["size_bytes"],
+                      _normalise(add.get("partition") or {}), add["modification_time"] or 0,
+                      _stats_json(add))
+        for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist())
+    return VersionFiles(table.schema().to_json(),
+                        tuple(table.metadata().partition_columns), files)
+
+
+def _stats_json(add: Mapping[str, object]) -> str:
+    stats: dict[str, object] = {}
+    if add.get("num_records") is not None:
+        stats["numRecords"] = add["num_records"]
+    for key, name in (("min", "minValues"), ("max", "maxValues"), ("null_count", "nullCount")):
+        values = _stats_values(add.get(key))
+        if values:
+            stats[name] = values
+    return json.dumps(stats, separators=(",", ":")) if stats else ""
+
+
+def _stats_values(values: object) -> dict[str, object]:
+    """The JSON-exact part of one stats struct (nested columns as nested objects)."""
+    if not isinstance(values, Mapping):
+        return {}
+    kept: dict[str, object] = {}
+    for column, value in values.items():
+        if isinstance(value, Mapping):
+            nested = _stats_values(value)
+            if nested:
+                kept[column] = nested
+        elif isinstance(value, (bool, int, str)) or (
+                isinstance(value, float) and value == value and abs(value) != float("inf")):
+            kept[column] = value
+        elif isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+            kept[column] = value.isoformat()
+    return kept
 
 
 def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int, txn_id: str,
@@ -112,7 +175,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
                 return _version_of(table, txn_id, app_id, app_version, write.table)
-            actions = adds + _removes(table, write)
+            actions = _write_actions(table, write, adds)
             table.create_write_transaction(
                 actions, "append", schema, partition_by=list(write.partition_by) or None,
                 commit_properties=properties)
@@ -139,26 +202,45 @@ def _lost_a_race(exc: Exception) -> bool:
     return "already exists" in str(exc).lower()
 
 
-def _removes(table: DeltaTable, write: TableWriteRecord) -> list[RemoveAction]:
-    """Remove actions for the files an overwrite replaces (explicit, so nothing else goes).
+def _write_actions(table: DeltaTable, write: TableWriteRecord,
+                   adds: list[AddAction]) -> list[AddAction | RemoveAction]:
+    """The actions of ``write``'s commit: its adds and, for an overwrite, the removes of what
+    it replaces. A file the write lists that the table already holds is neither removed nor
+    added again: it stays as it is, stats included (a revision overwrites a table with the
+    files of an earlier version, most of which it still holds; one version may not both
+    remove and add a path)."""
+    if write.mode == WriteMode.APPEND:
+        return list(adds)
+    listed = {f.path for f in write.add_files}
+    removes, held = _removes(table, write, keep=listed)
+    return [a for a, f in zip(adds, write.add_files, strict=True) if f.path not in held] + removes
+
+
+def _removes(table: DeltaTable, write: TableWriteRecord,
+             keep: set[str]) -> tuple[list[RemoveAction], set[str]]:
+    """Remove actions for the files an overwrite replaces (explicit, so nothing else goes),
+    except those in ``keep``; and the paths of every file the table holds.
 
     Partitions are compared as typed values (a timestamp written by Spark as
-    ``2026-01-02 00:00:00`` is the one delta-rs hands back as a datetime), and each removed
-    path is the file's real relative path: delta-rs reports add paths URI-encoded as the log
-    stores them and encodes the paths it is given.
+    ``2026-01-02 00:00:00`` is the one delta-rs hands back as a datetime), and each path is
+    the file's real relative path: delta-rs reports add paths URI-encoded as the log stores
+    them and encodes the paths it is given.
     """
-    if write.mode == WriteMode.APPEND:
-        return []
     types = _partition_types(table)
     replaced = {_partition_key(p, types) for p in write.replace_partitions}
     now = int(time.time() * 1000)
     removes = []
+    held: set[str] = set()
     for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist():
+        path = unquote(add["path"])
+        held.add(path)
         values = add.get("partition") or {}
+        if path in keep:
+            continue
         if write.mode == WriteMode.OVERWRITE or _partition_key(values, types) in replaced:
-            removes.append(RemoveAction(unquote(add["path"]), True, now, add["size_bytes"],
+            removes.append(RemoveAction(path, True, now, add["size_bytes"],
                                         _normalise(values)))
-    return removes
+    return removes, held
 
 
 def _partition_types(table: DeltaTable) -> dict[str, str]:

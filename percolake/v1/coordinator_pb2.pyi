@@ -23,6 +23,13 @@ class WriteMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OVERWRITE: _ClassVar[WriteMode]
     OVERWRITE_PARTITIONS: _ClassVar[WriteMode]
 
+class Consistency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONSISTENCY_UNSPECIFIED: _ClassVar[Consistency]
+    CONSISTENCY_SNAPSHOT: _ClassVar[Consistency]
+    CONSISTENCY_TOPOLOGY: _ClassVar[Consistency]
+    CONSISTENCY_READ_COMMITTED: _ClassVar[Consistency]
+
 class Permission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PERMISSION_UNSPECIFIED: _ClassVar[Permission]
@@ -52,6 +59,10 @@ WRITE_MODE_UNSPECIFIED: WriteMode
 APPEND: WriteMode
 OVERWRITE: WriteMode
 OVERWRITE_PARTITIONS: WriteMode
+CONSISTENCY_UNSPECIFIED: Consistency
+CONSISTENCY_SNAPSHOT: Consistency
+CONSISTENCY_TOPOLOGY: Consistency
+CONSISTENCY_READ_COMMITTED: Consistency
 PERMISSION_UNSPECIFIED: Permission
 WRITE: Permission
 DESCRIBE: Permission
@@ -141,7 +152,7 @@ class TableParticipant(_message.Message):
     def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ...) -> None: ...
 
 class Transaction(_message.Message):
-    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal", "waiting_for_table")
+    __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal", "waiting_for_table", "input_barrier", "source_offsets")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +169,8 @@ class Transaction(_message.Message):
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_TABLE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     txn_id: str
     pipeline_id: str
     generation: int
@@ -174,7 +187,9 @@ class Transaction(_message.Message):
     query_id: str
     principal: str
     waiting_for_table: str
-    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ..., principal: _Optional[str] = ..., waiting_for_table: _Optional[str] = ...) -> None: ...
+    input_barrier: int
+    source_offsets: str
+    def __init__(self, txn_id: _Optional[str] = ..., pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TableParticipant, _Mapping]]] = ..., epoch: _Optional[int] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., query_id: _Optional[str] = ..., principal: _Optional[str] = ..., waiting_for_table: _Optional[str] = ..., input_barrier: _Optional[int] = ..., source_offsets: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("pipeline_id", "generation", "epoch", "query_id", "created_unix_ms", "last_commit_unix_ms", "resets", "last_committed_batch_id")
@@ -257,14 +272,18 @@ class AppliedReport(_message.Message):
     def __init__(self, txn_id: _Optional[str] = ..., tables: _Optional[_Iterable[_Union[AppliedTable, _Mapping]]] = ...) -> None: ...
 
 class OpenTransactionResponse(_message.Message):
-    __slots__ = ("transaction", "already_committed", "locations")
+    __slots__ = ("transaction", "already_committed", "locations", "input_barrier", "input_after_barrier")
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     ALREADY_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    INPUT_AFTER_BARRIER_FIELD_NUMBER: _ClassVar[int]
     transaction: Transaction
     already_committed: bool
     locations: _containers.RepeatedCompositeFieldContainer[TableLocation]
-    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ..., already_committed: _Optional[bool] = ..., locations: _Optional[_Iterable[_Union[TableLocation, _Mapping]]] = ...) -> None: ...
+    input_barrier: int
+    input_after_barrier: int
+    def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ..., already_committed: _Optional[bool] = ..., locations: _Optional[_Iterable[_Union[TableLocation, _Mapping]]] = ..., input_barrier: _Optional[int] = ..., input_after_barrier: _Optional[int] = ...) -> None: ...
 
 class TableLocation(_message.Message):
     __slots__ = ("table", "write_location")
@@ -309,18 +328,20 @@ class PrewriteResponse(_message.Message):
     def __init__(self, transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
 
 class CommitTransactionRequest(_message.Message):
-    __slots__ = ("txn_id", "epoch", "tables", "writes", "release_unwritten")
+    __slots__ = ("txn_id", "epoch", "tables", "writes", "release_unwritten", "source_offsets")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     WRITES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_UNWRITTEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     txn_id: str
     epoch: int
     tables: _containers.RepeatedScalarFieldContainer[str]
     writes: _containers.RepeatedCompositeFieldContainer[TableWrite]
     release_unwritten: bool
-    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[_Union[TableWrite, _Mapping]]] = ..., release_unwritten: _Optional[bool] = ...) -> None: ...
+    source_offsets: str
+    def __init__(self, txn_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[_Union[TableWrite, _Mapping]]] = ..., release_unwritten: _Optional[bool] = ..., source_offsets: _Optional[str] = ...) -> None: ...
 
 class CommitTransactionResponse(_message.Message):
     __slots__ = ("transaction",)
@@ -431,16 +452,24 @@ class BatchRef(_message.Message):
     def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class GetSnapshotRequest(_message.Message):
-    __slots__ = ("tables", "as_of_ts", "as_of_batch", "wait_timeout_ms")
+    __slots__ = ("tables", "as_of_ts", "as_of_batch", "as_of_barrier", "wait_timeout_ms", "consistency", "lease_ms", "lease_holder")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     AS_OF_TS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_BATCH_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_BARRIER_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedScalarFieldContainer[str]
     as_of_ts: int
     as_of_batch: BatchRef
+    as_of_barrier: int
     wait_timeout_ms: int
-    def __init__(self, tables: _Optional[_Iterable[str]] = ..., as_of_ts: _Optional[int] = ..., as_of_batch: _Optional[_Union[BatchRef, _Mapping]] = ..., wait_timeout_ms: _Optional[int] = ...) -> None: ...
+    consistency: Consistency
+    lease_ms: int
+    lease_holder: str
+    def __init__(self, tables: _Optional[_Iterable[str]] = ..., as_of_ts: _Optional[int] = ..., as_of_batch: _Optional[_Union[BatchRef, _Mapping]] = ..., as_of_barrier: _Optional[int] = ..., wait_timeout_ms: _Optional[int] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., lease_ms: _Optional[int] = ..., lease_holder: _Optional[str] = ...) -> None: ...
 
 class TableVersion(_message.Message):
     __slots__ = ("table", "canonical_table", "exists", "delta_version")
@@ -455,12 +484,18 @@ class TableVersion(_message.Message):
     def __init__(self, table: _Optional[str] = ..., canonical_table: _Optional[str] = ..., exists: _Optional[bool] = ..., delta_version: _Optional[int] = ...) -> None: ...
 
 class GetSnapshotResponse(_message.Message):
-    __slots__ = ("snapshot_ts", "tables")
+    __slots__ = ("snapshot_ts", "tables", "consistency", "barrier_ts", "lease")
     SNAPSHOT_TS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_TS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     snapshot_ts: int
     tables: _containers.RepeatedCompositeFieldContainer[TableVersion]
-    def __init__(self, snapshot_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableVersion, _Mapping]]] = ...) -> None: ...
+    consistency: Consistency
+    barrier_ts: int
+    lease: Lease
+    def __init__(self, snapshot_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableVersion, _Mapping]]] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., barrier_ts: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class GetPipelineRequest(_message.Message):
     __slots__ = ("pipeline_id",)
@@ -485,18 +520,20 @@ class ListPipelinesResponse(_message.Message):
     def __init__(self, pipelines: _Optional[_Iterable[_Union[Pipeline, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ResetPipelineRequest(_message.Message):
-    __slots__ = ("pipeline_id", "reason", "expected_generation", "require_idle", "query_id")
+    __slots__ = ("pipeline_id", "reason", "expected_generation", "require_idle", "query_id", "start_barrier")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_IDLE_FIELD_NUMBER: _ClassVar[int]
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    START_BARRIER_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     reason: str
     expected_generation: int
     require_idle: bool
     query_id: str
-    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ..., require_idle: _Optional[bool] = ..., query_id: _Optional[str] = ...) -> None: ...
+    start_barrier: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., reason: _Optional[str] = ..., expected_generation: _Optional[int] = ..., require_idle: _Optional[bool] = ..., query_id: _Optional[str] = ..., start_barrier: _Optional[int] = ...) -> None: ...
 
 class ResetPipelineResponse(_message.Message):
     __slots__ = ("pipeline", "changed", "aborted_txn_ids")
@@ -641,34 +678,44 @@ class TopologyEdge(_message.Message):
     def __init__(self, pipeline_id: _Optional[str] = ..., table: _Optional[str] = ..., kind: _Optional[_Union[EdgeKind, str]] = ...) -> None: ...
 
 class TopologyPipeline(_message.Message):
-    __slots__ = ("pipeline_id", "generation", "root", "reads", "writes")
+    __slots__ = ("pipeline_id", "generation", "root", "reads", "writes", "own_delay_ms", "end_to_end_delay_ms", "last_input_barrier_ts")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     READS_FIELD_NUMBER: _ClassVar[int]
     WRITES_FIELD_NUMBER: _ClassVar[int]
+    OWN_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    END_TO_END_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_INPUT_BARRIER_TS_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     generation: int
     root: bool
     reads: _containers.RepeatedScalarFieldContainer[str]
     writes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., root: _Optional[bool] = ..., reads: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[str]] = ...) -> None: ...
+    own_delay_ms: int
+    end_to_end_delay_ms: int
+    last_input_barrier_ts: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., root: _Optional[bool] = ..., reads: _Optional[_Iterable[str]] = ..., writes: _Optional[_Iterable[str]] = ..., own_delay_ms: _Optional[int] = ..., end_to_end_delay_ms: _Optional[int] = ..., last_input_barrier_ts: _Optional[int] = ...) -> None: ...
 
 class TopologyTable(_message.Message):
-    __slots__ = ("table", "writer", "readers", "completed_barrier_ts", "completed_barrier_unix_ms", "delay_ms")
+    __slots__ = ("table", "writer", "readers", "completed_barrier_ts", "completed_barrier_unix_ms", "delay_ms", "bottleneck_pipeline", "bottleneck_delay_ms")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     WRITER_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_BARRIER_TS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_BARRIER_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    BOTTLENECK_PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    BOTTLENECK_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     table: str
     writer: str
     readers: _containers.RepeatedScalarFieldContainer[str]
     completed_barrier_ts: int
     completed_barrier_unix_ms: int
     delay_ms: int
-    def __init__(self, table: _Optional[str] = ..., writer: _Optional[str] = ..., readers: _Optional[_Iterable[str]] = ..., completed_barrier_ts: _Optional[int] = ..., completed_barrier_unix_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+    bottleneck_pipeline: str
+    bottleneck_delay_ms: int
+    def __init__(self, table: _Optional[str] = ..., writer: _Optional[str] = ..., readers: _Optional[_Iterable[str]] = ..., completed_barrier_ts: _Optional[int] = ..., completed_barrier_unix_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., bottleneck_pipeline: _Optional[str] = ..., bottleneck_delay_ms: _Optional[int] = ...) -> None: ...
 
 class GetTopologyResponse(_message.Message):
     __slots__ = ("pipelines", "tables", "edges", "barrier_interval_ms", "now_ts", "now_unix_ms")
@@ -685,3 +732,171 @@ class GetTopologyResponse(_message.Message):
     now_ts: int
     now_unix_ms: int
     def __init__(self, pipelines: _Optional[_Iterable[_Union[TopologyPipeline, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TopologyTable, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[TopologyEdge, _Mapping]]] = ..., barrier_interval_ms: _Optional[int] = ..., now_ts: _Optional[int] = ..., now_unix_ms: _Optional[int] = ...) -> None: ...
+
+class PlanBarrierRequest(_message.Message):
+    __slots__ = ("pipeline_id", "generation", "after_barrier")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    generation: int
+    after_barrier: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., after_barrier: _Optional[int] = ...) -> None: ...
+
+class PlanBarrierResponse(_message.Message):
+    __slots__ = ("generation", "start_barrier", "after_barrier", "barrier", "has_changes")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    START_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    HAS_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    start_barrier: int
+    after_barrier: int
+    barrier: int
+    has_changes: bool
+    def __init__(self, generation: _Optional[int] = ..., start_barrier: _Optional[int] = ..., after_barrier: _Optional[int] = ..., barrier: _Optional[int] = ..., has_changes: _Optional[bool] = ...) -> None: ...
+
+class GetTableChangesRequest(_message.Message):
+    __slots__ = ("table", "after_barrier", "upto_barrier")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    UPTO_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    after_barrier: int
+    upto_barrier: int
+    def __init__(self, table: _Optional[str] = ..., after_barrier: _Optional[int] = ..., upto_barrier: _Optional[int] = ...) -> None: ...
+
+class TableChange(_message.Message):
+    __slots__ = ("delta_version", "commit_ts", "barrier", "txn_id")
+    DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    delta_version: int
+    commit_ts: int
+    barrier: int
+    txn_id: str
+    def __init__(self, delta_version: _Optional[int] = ..., commit_ts: _Optional[int] = ..., barrier: _Optional[int] = ..., txn_id: _Optional[str] = ...) -> None: ...
+
+class GetTableChangesResponse(_message.Message):
+    __slots__ = ("canonical_table", "changes", "version_at_after")
+    CANONICAL_TABLE_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_AT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    canonical_table: str
+    changes: _containers.RepeatedCompositeFieldContainer[TableChange]
+    version_at_after: int
+    def __init__(self, canonical_table: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[TableChange, _Mapping]]] = ..., version_at_after: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "holder", "tables", "barrier_ts", "created_unix_ms", "expires_unix_ms")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_TS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    holder: str
+    tables: _containers.RepeatedCompositeFieldContainer[TableVersion]
+    barrier_ts: int
+    created_unix_ms: int
+    expires_unix_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., holder: _Optional[str] = ..., tables: _Optional[_Iterable[_Union[TableVersion, _Mapping]]] = ..., barrier_ts: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ReleaseLeaseRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseLeaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ListLeasesRequest(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tables: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListLeasesResponse(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
+
+class VacuumRequest(_message.Message):
+    __slots__ = ("table", "retention_hours", "dry_run")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_HOURS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    retention_hours: int
+    dry_run: bool
+    def __init__(self, table: _Optional[str] = ..., retention_hours: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class VacuumResponse(_message.Message):
+    __slots__ = ("canonical_table", "removed_files", "oldest_needed_version", "kept_for")
+    CANONICAL_TABLE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FILES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_NEEDED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FOR_FIELD_NUMBER: _ClassVar[int]
+    canonical_table: str
+    removed_files: _containers.RepeatedScalarFieldContainer[str]
+    oldest_needed_version: int
+    kept_for: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, canonical_table: _Optional[str] = ..., removed_files: _Optional[_Iterable[str]] = ..., oldest_needed_version: _Optional[int] = ..., kept_for: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReviseRequest(_message.Message):
+    __slots__ = ("table", "to_barrier", "reason")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TO_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    to_barrier: int
+    reason: str
+    def __init__(self, table: _Optional[str] = ..., to_barrier: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevisedTable(_message.Message):
+    __slots__ = ("table", "restored_version", "delta_version", "existed")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    restored_version: int
+    delta_version: int
+    existed: bool
+    def __init__(self, table: _Optional[str] = ..., restored_version: _Optional[int] = ..., delta_version: _Optional[int] = ..., existed: _Optional[bool] = ...) -> None: ...
+
+class RevisedPipeline(_message.Message):
+    __slots__ = ("pipeline_id", "generation", "start_barrier")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    START_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    generation: int
+    start_barrier: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., start_barrier: _Optional[int] = ...) -> None: ...
+
+class ReviseResponse(_message.Message):
+    __slots__ = ("txn_id", "revision_ts", "tables", "pipelines", "root_pipeline_id", "root_batch_id", "root_source_offsets")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_TS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SOURCE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    revision_ts: int
+    tables: _containers.RepeatedCompositeFieldContainer[RevisedTable]
+    pipelines: _containers.RepeatedCompositeFieldContainer[RevisedPipeline]
+    root_pipeline_id: str
+    root_batch_id: int
+    root_source_offsets: str
+    def __init__(self, txn_id: _Optional[str] = ..., revision_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[RevisedTable, _Mapping]]] = ..., pipelines: _Optional[_Iterable[_Union[RevisedPipeline, _Mapping]]] = ..., root_pipeline_id: _Optional[str] = ..., root_batch_id: _Optional[int] = ..., root_source_offsets: _Optional[str] = ...) -> None: ...

@@ -114,6 +114,36 @@ class CoordinatorStub:
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyRequest.SerializeToString,
                 response_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyResponse.FromString,
                 _registered_method=True)
+        self.PlanBarrier = channel.unary_unary(
+                '/percolake.v1.Coordinator/PlanBarrier',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.PlanBarrierRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.PlanBarrierResponse.FromString,
+                _registered_method=True)
+        self.GetTableChanges = channel.unary_unary(
+                '/percolake.v1.Coordinator/GetTableChanges',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.GetTableChangesRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetTableChangesResponse.FromString,
+                _registered_method=True)
+        self.ReleaseLease = channel.unary_unary(
+                '/percolake.v1.Coordinator/ReleaseLease',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.FromString,
+                _registered_method=True)
+        self.ListLeases = channel.unary_unary(
+                '/percolake.v1.Coordinator/ListLeases',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ListLeasesRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListLeasesResponse.FromString,
+                _registered_method=True)
+        self.Vacuum = channel.unary_unary(
+                '/percolake.v1.Coordinator/Vacuum',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.VacuumRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.VacuumResponse.FromString,
+                _registered_method=True)
+        self.Revise = channel.unary_unary(
+                '/percolake.v1.Coordinator/Revise',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ReviseRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReviseResponse.FromString,
+                _registered_method=True)
         self.AddAcl = channel.unary_unary(
                 '/percolake.v1.Coordinator/AddAcl',
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
@@ -264,6 +294,50 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlanBarrier(self, request, context):
+        """The end of a downstream pipeline's next micro-batch: the same answer for every percolake
+        source of its query (the barrier rule of docs/topology.md), remembered durably.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTableChanges(self, request, context):
+        """The committed changes (Delta versions) of a table in a barrier range (after, upto].
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseLease(self, request, context):
+        """Leases on snapshots (docs/topology.md, safe expiry): taken by GetSnapshot's lease_ms.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLeases(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Vacuum(self, request, context):
+        """Removes a table's unreferenced files (delta-rs vacuum) that no lease, running downstream
+        range or time-travel floor needs; refuses naming what blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Revise(self, request, context):
+        """Rolls a root table and every table downstream of it back to their versions at a global
+        barrier, atomically for readers; new generations for the affected downstream pipelines.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddAcl(self, request, context):
         """Administration (docs/security.md): each needs ADMIN on every pipeline ('*') when the
         coordinator authenticates callers. Changes are durable and take effect at once.
@@ -385,6 +459,36 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetTopology,
                     request_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyRequest.FromString,
                     response_serializer=percolake_dot_v1_dot_coordinator__pb2.GetTopologyResponse.SerializeToString,
+            ),
+            'PlanBarrier': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanBarrier,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.PlanBarrierRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.PlanBarrierResponse.SerializeToString,
+            ),
+            'GetTableChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTableChanges,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.GetTableChangesRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.GetTableChangesResponse.SerializeToString,
+            ),
+            'ReleaseLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLease,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'ListLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeases,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListLeasesRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'Vacuum': grpc.unary_unary_rpc_method_handler(
+                    servicer.Vacuum,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.VacuumRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.VacuumResponse.SerializeToString,
+            ),
+            'Revise': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revise,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReviseRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ReviseResponse.SerializeToString,
             ),
             'AddAcl': grpc.unary_unary_rpc_method_handler(
                     servicer.AddAcl,
@@ -849,6 +953,168 @@ class Coordinator:
             '/percolake.v1.Coordinator/GetTopology',
             percolake_dot_v1_dot_coordinator__pb2.GetTopologyRequest.SerializeToString,
             percolake_dot_v1_dot_coordinator__pb2.GetTopologyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanBarrier(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/PlanBarrier',
+            percolake_dot_v1_dot_coordinator__pb2.PlanBarrierRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.PlanBarrierResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTableChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/GetTableChanges',
+            percolake_dot_v1_dot_coordinator__pb2.GetTableChangesRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.GetTableChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ReleaseLease',
+            percolake_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ListLeases',
+            percolake_dot_v1_dot_coordinator__pb2.ListLeasesRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Vacuum(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/Vacuum',
+            percolake_dot_v1_dot_coordinator__pb2.VacuumRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.VacuumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revise(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/Revise',
+            percolake_dot_v1_dot_coordinator__pb2.ReviseRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ReviseResponse.FromString,
             options,
             channel_credentials,
             insecure,

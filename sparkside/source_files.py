@@ -1,0 +1,73 @@
+"""Reading one data file of a percolake source's micro-batch on a Spark executor (pyarrow only).
+
+Each file becomes Arrow record batches in exactly the Arrow schema Spark expects of the source's
+Spark schema: columns in schema order, cast to their types, partition values (strings in the
+Delta log) added as columns, columns the file lacks (added to the table later) as nulls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import InputPartition
+
+from percolake.lake import storage
+from sparkside.delta_log import DataFile
+
+BATCH_ROWS = 65_536
+
+
+@dataclass
+class FilePartition(InputPartition):
+    """One Spark task of a percolake source: one data file of one upstream version.
+
+    ``s3`` carries the driver's S3 settings and limits for an object-store table (executors
+    need no AWS variables of their own); it is never shown by ``repr``.
+    """
+
+    table: str
+    version: int
+    file: DataFile
+    s3: tuple[storage.S3Settings, storage.Limits] | None = None
+
+    def __repr__(self) -> str:
+        return f"FilePartition({self.table} v{self.version} {self.file.path})"
+
+    def filesystem(self) -> pafs.FileSystem:
+        if self.s3 is None:
+            return pafs.LocalFileSystem()
+        return storage.s3_filesystem(*self.s3)
+
+
+def read_file(partition: FilePartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows of the partition's file as record batches of ``schema``."""
+    with partition.filesystem().open_input_file(partition.file.path) as stream:
+        parquet = pq.ParquetFile(stream)
+        present = set(parquet.schema_arrow.names)
+        wanted = [f.name for f in schema if f.name in present]
+        values = dict(partition.file.partition_values)
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
+            yield conform(batch, schema, values)
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema,
+            partition_values: dict[str, str | None]) -> pa.RecordBatch:
+    """``batch`` in ``schema``: partition columns from their values, missing ones null."""
+    rows = batch.num_rows
+    columns: list[pa.Array] = []
+    for field in schema:
+        if field.name in partition_values:
+            raw = partition_values[field.name]
+            if raw == "" and not pa.types.is_string(field.type):
+                raw = None  # Delta's empty partition value of a non-string column is null
+            column = pa.array([raw] * rows, pa.string()).cast(field.type)
+        elif field.name in batch.schema.names:
+            column = batch.column(field.name).cast(field.type)
+        else:
+            column = pa.nulls(rows, field.type)
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

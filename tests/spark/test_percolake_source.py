@@ -1,0 +1,292 @@
+"""The percolake streaming source (docs/topology.md): its Delta log reading, its file reads on
+executors, and a real downstream query reading two tables of a root query through it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
+
+import sparkside
+from percolake.barriers import LOGICAL_BITS
+from percolake.lake import storage
+from sparkside import ConsistentReader, Participant
+from sparkside.checkpoint_offsets import batch_source_offsets
+from sparkside.delta_log import TableLog
+from sparkside.errors import NotAppendOnly, TableNotWritten
+from sparkside.source import Offset, SourceOptions
+from sparkside.source_files import FilePartition, read_file
+from tests.spark.conftest import run_until
+from tests.spark.helpers import committed_batches, rows
+
+pytestmark = pytest.mark.spark
+
+
+def arrow_schema_of(log: TableLog) -> pa.Schema:
+    return to_arrow_schema(StructType.fromJson(json.loads(log.schema_json())), timezone="UTC")
+
+
+def read_version(log: TableLog, version: int) -> list[dict]:
+    schema = arrow_schema_of(log)
+    found: list[dict] = []
+    for file in log.data_files(version):
+        for batch in read_file(FilePartition(log.table, version, file), schema):
+            assert batch.schema.equals(schema)
+            found.extend(batch.to_pylist())
+    return found
+
+
+def by_id(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def test_each_version_yields_exactly_the_rows_it_appended_with_partition_values(
+        tmp_path: Path) -> None:
+    table = tmp_path / "events"
+    first = pa.table({"id": [1, 2, 3], "day": ["2026-01-01", "2026-01-02", "2026-01-01"]})
+    second = pa.table({"id": [4, 5], "day": ["2026-01-02", "2026-01-03 10:00"]})
+    write_deltalake(str(table), first, partition_by=["day"])
+    write_deltalake(str(table), second, partition_by=["day"], mode="append")
+    log = TableLog(str(table))
+    assert log.latest_version() == 1
+    assert by_id(read_version(log, 0)) == by_id(first.to_pylist())
+    assert by_id(read_version(log, 1)) == by_id(second.to_pylist())
+    assert {dict(f.partition_values)["day"] for f in log.data_files(1)} == {
+        "2026-01-02", "2026-01-03 10:00"}
+
+
+def test_a_version_that_removed_rows_is_refused_naming_txn_read(tmp_path: Path) -> None:
+    table = tmp_path / "dims"
+    write_deltalake(str(table), pa.table({"id": [1]}))
+    write_deltalake(str(table), pa.table({"id": [2]}), mode="overwrite")
+    with pytest.raises(NotAppendOnly, match=r"txn\.read"):
+        TableLog(str(table)).data_files(1)
+
+
+def test_schema_is_the_newest_and_older_files_read_the_new_column_as_null(
+        tmp_path: Path) -> None:
+    table = tmp_path / "evolving"
+    with pytest.raises(TableNotWritten, match="no Delta commit yet"):
+        TableLog(str(table)).schema_json()
+    write_deltalake(str(table), pa.table({"id": [1]}))
+    write_deltalake(str(table), pa.table({"id": [2], "note": ["x"]}), mode="append",
+                    schema_mode="merge")
+    log = TableLog(str(table))
+    assert [f["name"] for f in json.loads(log.schema_json())["fields"]] == ["id", "note"]
+    assert read_version(log, 0) == [{"id": 1, "note": None}]
+    assert read_version(log, 1) == [{"id": 2, "note": "x"}]
+
+
+def test_schema_comes_from_the_checkpoint_once_older_entries_are_gone(tmp_path: Path) -> None:
+    table = tmp_path / "checkpointed"
+    write_deltalake(str(table), pa.table({"id": [1], "day": ["a"]}))
+    write_deltalake(str(table), pa.table({"id": [2], "day": ["b"]}), mode="append")
+    DeltaTable(str(table)).create_checkpoint()
+    write_deltalake(str(table), pa.table({"id": [3], "day": ["c"]}), mode="append")
+    for version in (0, 1):  # as log clean-up leaves a table: the checkpoint holds metaData
+        (table / "_delta_log" / f"{version:020d}.json").unlink()
+    log = TableLog(str(table))
+    assert [f["name"] for f in json.loads(log.schema_json())["fields"]] == ["id", "day"]
+    assert read_version(log, 2) == [{"id": 3, "day": "c"}]
+    with pytest.raises(TableNotWritten, match="does not exist"):
+        log.data_files(1)
+
+
+def test_an_object_store_table_is_read_through_arrows_s3_filesystem(
+        s3_env: dict[str, str], s3_bucket: str) -> None:
+    uri = f"s3://{s3_bucket}/lake/events"
+    options = storage.delta_storage_options(uri)
+    first = pa.table({"id": [1, 2], "day": ["a", "b"]})
+    second = pa.table({"id": [3], "day": ["b"]})
+    write_deltalake(uri, first, partition_by=["day"], storage_options=options)
+    write_deltalake(uri, second, partition_by=["day"], mode="append", storage_options=options)
+    log = TableLog(uri)
+    assert [f["name"] for f in json.loads(log.schema_json())["fields"]] == ["id", "day"]
+    schema = arrow_schema_of(log)
+    found = [row for file in log.data_files(1) for batch in read_file(
+        FilePartition(log.table, 1, file, (storage.s3_settings(), storage.limits())), schema)
+        for row in batch.to_pylist()]
+    assert found == second.to_pylist()
+
+
+def test_offsets_and_options_are_checked() -> None:
+    assert Offset.parse('{"generation": 2, "barrier": 7}') == Offset(2, 7)
+    assert Offset.parse({"generation": 0, "barrier": 0}).to_dict() == {
+        "generation": 0, "barrier": 0}
+    with pytest.raises(ValueError, match="not a percolake source offset"):
+        Offset.parse({"barrier": 1})
+    with pytest.raises(ValueError, match="coordinator, pipeline"):
+        SourceOptions.of({"path": "/tmp/x"})
+
+
+def digest(rows: list[tuple]) -> str:
+    return hashlib.sha256(json.dumps(sorted(rows)).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- a real topology
+
+INTERVAL_S = 1
+ROOT_ROWS = 6
+
+
+@pytest.fixture(scope="module")
+def topo_daemon(daemon_factory):  # noqa: ANN001, ANN201 - tests/conftest.py's factory
+    running = daemon_factory.start(["--barrier-interval", str(INTERVAL_S),
+                                    "--roll-forward-after", "2"], name="topo")
+    yield running
+    running.stop()
+
+
+def is_global_barrier(ts: int) -> bool:
+    return ts > 0 and ts % ((INTERVAL_S * 1000) << LOGICAL_BITS) == 0
+
+
+def run_query(query: StreamingQuery, done: Callable[[], bool], timeout_s: float = 300) -> None:
+    """Waits until ``done()`` or the query stops by itself; then stops it."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not done() and query.isActive:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"streaming query did not reach its goal in time; progress: "
+                                   f"{query.recentProgress[-3:]}")
+            time.sleep(0.2)
+    finally:
+        query.stop()
+
+
+def root_writer(lake: Path) -> Callable:
+    def write_batch(df, batch_id, txn):  # noqa: ANN001, ANN202
+        moves = df.select(F.lit(batch_id).cast("long").alias("batch"),
+                          F.col("value").alias("move"), (F.col("value") % 7 + 1).alias("amount"))
+        txn.write(moves, str(lake / "debits"))
+        txn.write(moves, str(lake / "credits"))
+    return write_batch
+
+
+def percolake_stream(spark, daemon, pipeline: str, table: Path):  # noqa: ANN001, ANN201
+    return (spark.readStream.format("percolake").option("coordinator", daemon.target)
+            .option("pipeline", pipeline).load(str(table)))
+
+
+def test_a_downstream_query_reads_barrier_ranges_exactly_and_replays_them(
+        spark, topo_daemon, tmp_path: Path) -> None:  # noqa: ANN001
+    lake = topo_daemon.warehouse / uuid.uuid4().hex[:8]
+    lake.mkdir()
+    stub = topo_daemon.stub
+    root_ck, ledger_ck = tmp_path / "root-ck", tmp_path / "ledger-ck"
+    root = Participant(topo_daemon.target, f"bank-{lake.name}", checkpoint_location=str(root_ck))
+    run_until(spark, root, root_writer(lake), root_ck,
+              lambda: len(committed_batches(stub, root.pipeline_id)) >= 5,
+              rows_per_batch=ROOT_ROWS)
+    roots = committed_batches(stub, root.pipeline_id)
+    print(f"{time.strftime('%X')} root committed {sorted(roots)}")
+    # the root recorded each batch's offsets from its checkpoint with the commit
+    for batch_id, txn in roots.items():
+        assert txn.source_offsets == batch_source_offsets(str(root_ck), batch_id) != ""
+
+    sparkside.register(spark)
+    pipeline = f"ledger-{lake.name}"
+    seen: dict[int, list[tuple[int, int, str, list[tuple]]]] = {}
+    debits_read: dict[int, int] = {}
+    fail_once = [True]
+
+    def ledger(df, batch_id, txn):  # noqa: ANN001, ANN202
+        got = [tuple(r) for r in df.select("side", "batch", "move", "amount").collect()]
+        print(f"{time.strftime('%X')} ledger batch {batch_id}: {len(got)} rows, input "
+              f"({txn.input_after_barrier}, {txn.input_barrier}]")
+        seen.setdefault(batch_id, []).append(
+            (txn.input_barrier, txn.input_after_barrier, digest(got), got))
+        debits_read[batch_id] = txn.read(str(lake / "debits")).count()
+        if got and fail_once:
+            fail_once.clear()
+            raise RuntimeError("injected failure after reading the batch")
+        if got:
+            txn.write(df.select((F.col("move") % 3).alias("account"),
+                                F.when(F.col("side") == "debit", -F.col("amount"))
+                                .otherwise(F.col("amount")).alias("amount"),
+                                F.lit(txn.input_barrier).cast("long").alias("input_barrier")),
+                      str(lake / "ledger"))
+
+    def start_ledger() -> StreamingQuery:
+        debits = percolake_stream(spark, topo_daemon, pipeline, lake / "debits") \
+            .withColumn("side", F.lit("debit"))
+        credits = percolake_stream(spark, topo_daemon, pipeline, lake / "credits") \
+            .withColumn("side", F.lit("credit"))
+        participant = Participant(topo_daemon.target, pipeline)
+        return (debits.unionByName(credits).writeStream.foreachBatch(participant.wrap(ledger))
+                .option("checkpointLocation", str(ledger_ck))
+                .trigger(processingTime="0 seconds").start())
+
+    last_root_commit = max(t.commit_ts for t in roots.values())
+
+    def consumed_all() -> bool:
+        batches = committed_batches(stub, pipeline)
+        return any(t.input_barrier >= last_root_commit for t in batches.values())
+
+    first = start_ledger()
+    run_query(first, lambda: not fail_once)
+    assert first.exception() is not None and not fail_once, "the injected failure did not stop it"
+    failed_batch = max(seen)
+    run_query(start_ledger(), consumed_all)
+
+    # the replayed batch read exactly what the failed attempt read (Spark's offset log)
+    attempts = seen[failed_batch]
+    assert len(attempts) >= 2 and len({a[:3] for a in attempts}) == 1, attempts
+
+    ledger_txns = committed_batches(stub, pipeline)
+    barriers = [ledger_txns[b].input_barrier for b in sorted(ledger_txns)]
+    assert all(is_global_barrier(b) for b in barriers), barriers
+    assert barriers == sorted(set(barriers)), f"input barriers not strictly increasing {barriers}"
+
+    commit_of = {b: t.commit_ts for b, t in roots.items()}
+    upstream = [(side, r["batch"], r["move"], r["amount"])
+                for side in ("debit", "credit") for r in rows(lake / f"{side}s")]
+    previous = 0
+    for batch_id in sorted(ledger_txns):
+        barrier = ledger_txns[batch_id].input_barrier
+        input_barrier, after, _, got = seen[batch_id][-1]
+        assert (input_barrier, after) == (barrier, previous)
+        expected = [r for r in upstream if previous < commit_of[r[1]] <= barrier]
+        assert sorted(got) == sorted(expected), f"batch {batch_id} read other rows"
+        # txn.read: the table as it was at the batch's input barrier
+        assert debits_read[batch_id] == sum(
+            1 for r in upstream if r[0] == "debit" and commit_of[r[1]] <= barrier)
+        previous = barrier
+    assert sorted(r for b in ledger_txns for r in seen[b][-1][3]) == sorted(upstream)
+
+    # both sources of every batch ended on the same barrier: the offset log's lines agree
+    entries = [p for p in (ledger_ck / "offsets").iterdir() if p.name.isdigit()]
+    for entry in sorted(entries, key=lambda p: int(p.name)):
+        offsets = entry.read_text().splitlines()[2:]
+        assert len(offsets) == 2 and offsets[0] == offsets[1], offsets
+        if int(entry.name) in ledger_txns:
+            assert json.loads(offsets[0])["barrier"] == ledger_txns[int(entry.name)].input_barrier
+
+    # a topology snapshot shows the ledger exactly as the inputs it shows
+    reader = ConsistentReader(spark, topo_daemon.target)
+    tables = [str(lake / t) for t in ("debits", "credits", "ledger")]
+    snap = reader.snapshot(tables, consistency="topology")
+    assert snap.consistency == "topology" and is_global_barrier(snap.barrier_ts)
+    counts = [snap.table(t).count() for t in tables]
+    assert counts[2] == counts[0] + counts[1]
+    assert reader.snapshot(tables, consistency="topology").barrier_ts >= snap.barrier_ts
+    leased = reader.snapshot(tables, consistency="topology", barrier=snap.barrier_ts,
+                             lease_s=60, lease_holder="test")
+    assert leased.barrier_ts == snap.barrier_ts and leased.versions == snap.versions
+    assert leased.lease_id and leased.release() and not leased.release()
+    latest = reader.snapshot(tables, consistency="read_committed")
+    assert latest.consistency == "read_committed" and latest.barrier_ts is None
+    assert all(latest.versions[t] >= snap.versions[t] for t in tables)
+    reader.close()
+    root.close()
