@@ -389,7 +389,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @rpc
     def PlanBarrier(self, core, request, context):  # noqa: N802
         plan = core.plan_barrier(request.pipeline_id, optional(request, "generation"),
-                                 optional(request, "after_barrier"))
+                                 optional(request, "after_barrier"), request.round)
         return pb.PlanBarrierResponse(generation=plan.generation,
                                       start_barrier=plan.start_barrier,
                                       after_barrier=plan.after_barrier, barrier=plan.barrier,

@@ -30,7 +30,7 @@ from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
-from sparkside.checkpoint_offsets import batch_source_offsets
+from sparkside.checkpoint_offsets import batch_source_offsets, check_checkpoint_location
 from sparkside.client import CoordinatorClient
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
@@ -216,6 +216,8 @@ class Participant:
                  token: str | None = None, checkpoint_location: str | None = None) -> None:
         if on_checkpoint_reset not in CHECKPOINT_RESET_POLICIES:
             raise ValueError(f"on_checkpoint_reset must be one of {CHECKPOINT_RESET_POLICIES}")
+        if checkpoint_location is not None:
+            check_checkpoint_location(checkpoint_location)
         self.pipeline_id = pipeline_id
         security = ClientSecurity.resolve(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
                                           token=token)

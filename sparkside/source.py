@@ -9,9 +9,12 @@ table, one barrier range per micro-batch::
               .option("pipeline", "ledger")          # the reading pipeline's id
               .load("/lake/debits"))
 
-Offsets are ``{"generation": g, "barrier": b}``. Where a micro-batch ends is the coordinator's
-answer to PlanBarrier, the same for every percolake source of the query (and for every retry),
-so all of them end on the same global barrier. A batch's rows are the add actions of the
+Offsets are ``{"generation": g, "barrier": b, "after": a}``: the batch ending at that offset
+reads the range (a, b], fixed by the offset alone (a replay reads the same rows). Where a
+micro-batch ends is the coordinator's answer to PlanBarrier, the same for every percolake source
+of the query (and for every retry): each source counts its planning calls, and the coordinator
+gives every call of one count (one planning round) the same answer, so all sources end on the
+same global barrier. A batch's rows are the add actions of the
 table's Delta versions whose commits lie in the barrier range (GetTableChanges), read from the
 Delta log and the data files with pyarrow on the executors. Nothing here imports delta-rs: it
 runs in Spark's forked Python workers.
@@ -54,22 +57,32 @@ def register(spark: SparkSession) -> None:
 
 @dataclass(frozen=True)
 class Offset:
-    """A percolake source offset: the reading pipeline's generation and the barrier its
-    input has reached."""
+    """A percolake source offset: the reading pipeline's generation, the barrier its input has
+    reached, and where the batch ending here began (``after``; None in offsets written before
+    it was recorded)."""
 
     generation: int
     barrier: int
+    after: int | None = None
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | str) -> Offset:
         data = json.loads(value) if isinstance(value, str) else value
         try:
-            return cls(int(data["generation"]), int(data["barrier"]))
-        except (KeyError, TypeError, ValueError):
+            after = data.get("after")
+            offset = cls(int(data["generation"]), int(data["barrier"]),
+                         None if after is None else int(after))
+        except (AttributeError, KeyError, TypeError, ValueError):
             raise ValueError(f"not a percolake source offset: {value!r}") from None
+        if offset.after is not None and offset.after > offset.barrier:
+            raise ValueError(f"not a percolake source offset (after above barrier): {value!r}")
+        return offset
 
     def to_dict(self) -> dict[str, int]:
-        return {"generation": self.generation, "barrier": self.barrier}
+        data = {"generation": self.generation, "barrier": self.barrier}
+        if self.after is not None:
+            data["after"] = self.after
+        return data
 
 
 @dataclass(frozen=True)
@@ -137,7 +150,14 @@ class PercolakeStreamReader(DataSourceStreamReader):
         self.table = options.table
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._client: CoordinatorClient | None = None
-        self._register_read()
+        self._rounds = 0  # latestOffset's PlanBarrier calls so far: the planning round
+        try:
+            self._register_read()
+        finally:
+            # Spark also creates readers only to plan a query (schema, pickling for the
+            # executors) and never stops them: no channel outlives the registration; a
+            # streaming reader opens one again on its first plan
+            self.stop()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -167,47 +187,39 @@ class PercolakeStreamReader(DataSourceStreamReader):
             self._client = self.options.client()
         return self._client
 
-    def _plan(self, start: Offset | None = None) -> pb.PlanBarrierResponse:
-        request = pb.PlanBarrierRequest(pipeline_id=self.options.pipeline)
+    def _plan(self, start: Offset | None, planning_round: int) -> pb.PlanBarrierResponse:
+        request = pb.PlanBarrierRequest(pipeline_id=self.options.pipeline,
+                                        round=planning_round)
         if start is not None:
             request.generation = start.generation
             request.after_barrier = start.barrier
         return self._coordinator().call("PlanBarrier", request)
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
-        """Where a new query's input starts: its generation's start barrier."""
-        reply = self._plan()
-        return Offset(reply.generation, reply.start_barrier).to_dict()
+        """Where a new query's input starts: where its generation's input stands.
 
-    def latestOffset(self, start: dict, limit: Any = None) -> dict[str, int]:  # noqa: N802
-        """The end of the next batch (the coordinator's plan), or ``start`` if none is due."""
+        Spark asks it right before the first latestOffset, in the same planning round: it
+        asks with that round's count, so a plan it causes is the one every source of the
+        round gets."""
+        reply = self._plan(None, self._rounds + 1)
+        return Offset(reply.generation, reply.after_barrier, reply.after_barrier).to_dict()
+
+    def latestOffset(self, start: dict, limit: Any = None) -> dict:  # noqa: N802
+        """The end of the next batch (the coordinator's plan for this planning round), or
+        ``start`` if the source stands where the pipeline's input stands and nothing is due."""
         begin = Offset.parse(start)
-        reply = self._plan(begin)
-        if reply.barrier <= reply.after_barrier:
-            return begin.to_dict()
-        return Offset(reply.generation, reply.barrier).to_dict()
-
-    def after_barrier(self, start: Offset, end: Offset) -> int:
-        """Where the range ending at ``end`` begins: ``start``'s barrier within a generation;
-        the start barrier of ``end``'s generation when the pipeline changed generation."""
-        if start.generation == end.generation:
-            return start.barrier
-        reply = self._plan()
-        if reply.generation != end.generation:
-            raise BatchRefused(
-                f"percolake source of pipeline {self.options.pipeline!r} on {self.table}: the "
-                f"batch ending at {end} belongs to generation {end.generation}, but the "
-                f"pipeline is at generation {reply.generation} now; restart the query")
-        return reply.start_barrier
+        self._rounds += 1
+        return next_offset(begin, self._plan(begin, self._rounds), start)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """One partition per data file the table's commits in the batch's range added."""
-        begin, finish = Offset.parse(start), Offset.parse(end)
-        if begin == finish:
+        """One partition per data file the table's commits in the batch's range added: the
+        range (after, barrier] the end offset records."""
+        after, upto = batch_range(Offset.parse(start), Offset.parse(end), self.options.pipeline,
+                                  self.table)
+        if after == upto:
             return []
-        after = self.after_barrier(begin, finish)
         reply = self._coordinator().call("GetTableChanges", pb.GetTableChangesRequest(
-            table=self.table, after_barrier=after, upto_barrier=finish.barrier))
+            table=self.table, after_barrier=after, upto_barrier=upto))
         log = TableLog(self.table)
         s3 = (storage.s3_settings(), storage.limits()) if is_object_store(self.table) else None
         return [FilePartition(self.table, change.delta_version, file, s3)
@@ -223,6 +235,36 @@ class PercolakeStreamReader(DataSourceStreamReader):
         """Nothing to do: the reading pipeline's commit records its input barrier."""
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Closes the reader's channel, if open (again and again: idempotent)."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+def next_offset(start: Offset, reply: pb.PlanBarrierResponse, given: Any) -> Any:
+    """latestOffset's answer from the coordinator's plan: ``given`` (the start, unchanged:
+    Spark runs no batch for this source) only if nothing is due and the source already stands
+    where the plan starts; else the plan's end with the range start it was planned from (a
+    source left behind or of another generation moves there, reading nothing)."""
+    if reply.barrier == reply.after_barrier and (start.generation, start.barrier) == (
+            reply.generation, reply.after_barrier):
+        return given
+    return Offset(reply.generation, reply.barrier, reply.after_barrier).to_dict()
+
+
+def batch_range(start: Offset, end: Offset, pipeline: str, table: str) -> tuple[int, int]:
+    """The barrier range (after, upto] of the batch from ``start`` to ``end``: recorded in the
+    end offset. An offset written before ranges were recorded (no ``after``) continues from
+    ``start`` within its generation, as it was planned; across generations its range is not
+    known."""
+    if end.after is not None:
+        return end.after, end.barrier
+    if start == end:
+        return end.barrier, end.barrier
+    if start.generation != end.generation:
+        raise BatchRefused(
+            f"percolake source of pipeline {pipeline!r} on {table}: the batch ending at "
+            f"{end.to_dict()} has no recorded range start (an offset of an earlier percolake "
+            "version) and its start is of another generation; restart the query on a new "
+            "checkpoint location")
+    return start.barrier, end.barrier

@@ -273,12 +273,12 @@ def test_every_source_and_retry_gets_the_remembered_answer_and_it_survives_a_res
         lake.store.close()
 
 
-def test_a_stale_offset_is_answered_but_never_replaces_the_remembered_plan(lake):
+def test_a_stale_offset_is_moved_to_the_input_start_and_gets_the_remembered_plan(lake):
     lake.at(12_300)
     lake.downstream_batch(None)  # committed input barrier 11
     assert lake.core.plan_barrier("ledger", 0, g(11)).barrier == g(12)  # an empty step
     stale = lake.core.plan_barrier("ledger", 0, 0)  # a range the generation already read
-    assert (stale.barrier, stale.has_changes) == (g(11), True)
+    assert (stale.after_barrier, stale.barrier, stale.has_changes) == (g(11), g(12), False)
     record = lake.core.get_pipeline("ledger")
     assert (record.plan_generation, record.plan_after, record.plan_barrier) == (0, g(11), g(12))
     txn, _ = lake.core.open_transaction("ledger", 1)
@@ -555,7 +555,8 @@ def test_a_stale_plan_request_racing_a_commit_never_replaces_the_next_batchs_pla
 
     lake.core.completion = completion_then_commit
     stale = lake.core.plan_barrier("ledger", 0, 0)  # a retry of batch 0's plan
-    assert (stale.after_barrier, stale.barrier) == (0, g(11))  # answered
+    # batch 0 committed while it was computed: planned again from the new input start
+    assert (stale.after_barrier, stale.barrier) == (g(11), g(12))
     record = lake.core.get_pipeline("ledger")
     assert (record.plan_generation, record.plan_after, record.plan_barrier) == (0, g(11), g(12))
     txn, _ = lake.core.open_transaction("ledger", lake._next_batch("ledger"))
@@ -582,3 +583,88 @@ def test_completion_reads_the_cores_last_input_barrier_not_the_store(lake):
     lake.downstream_batch(g(11))  # the commit keeps the cache: still no query
     assert lake.core.completion().last_input("ledger") == g(14)
     assert lake.completion_queries == 0
+
+
+# ---------------------------------------------------------------- planning rounds
+
+
+def _two_sources_one_empty_step(lake: Lake) -> str:
+    """ledger reads debits (bank, 10.2) and credits (card, 10.3) and has read up to 10 in an
+    empty step: its next batch holds both changes once the sources complete 11."""
+    credits = lake.table("credits")
+    lake.at(10_300)
+    lake.commit("card", [credits])
+    lake.core.register_reads("ledger", [credits], None)
+    lake.at(10_500)
+    assert (lake.downstream_batch(None).barrier, lake.last_txn.input_barrier) == (g(10), g(10))
+    return credits
+
+
+def test_the_sources_of_one_round_get_the_same_answer_across_a_completion_change(lake):
+    _two_sources_one_empty_step(lake)
+    lake.at(10_900)
+    debits = lake.core.plan_barrier("ledger", 0, g(10), 1)
+    assert debits.barrier == g(10)  # nothing to read yet: the debits source keeps its offset
+    lake.at(11_100)  # the sources complete 11: the change at 10.2 is readable now
+    assert lake.completed(lake.debits) == g(11)
+    credits = lake.core.plan_barrier("ledger", 0, g(10), 1)
+    assert credits == debits  # same round: not 11, which the debits source never saw
+    # the next round plans the batch, for every source alike
+    following = [lake.core.plan_barrier("ledger", 0, g(10), 2) for _ in range(2)]
+    assert [(p.barrier, p.has_changes) for p in following] == [(g(11), True)] * 2
+    txn, _ = lake.core.open_transaction("ledger", lake._next_batch("ledger"))
+    assert txn.input_barrier == g(11)
+
+
+def test_a_round_answer_survives_a_coordinator_restart_between_two_sources(tmp_path):
+    lake = Lake(tmp_path, SqliteStore(tmp_path / "data"))
+    try:
+        lake.root_commit(10_200)
+        lake.core.register_reads("ledger", [lake.debits], None)
+        _two_sources_one_empty_step(lake)
+        lake.at(10_900)
+        assert lake.core.plan_barrier("ledger", 0, g(10), 7).barrier == g(10)
+        lake.restart()
+        lake.at(11_100)  # (the restarted oracle starts above its last reserved range)
+        assert lake.completed(lake.debits) >= g(11)
+        assert lake.core.plan_barrier("ledger", 0, g(10), 7).barrier == g(10)
+        assert lake.core.plan_barrier("ledger", 0, g(10), 8).barrier == g(11)
+        assert lake.core.plan_barrier("ledger", 0, g(10), 8).barrier == g(11)
+    finally:
+        lake.core.close()
+        lake.store.close()
+
+
+def test_an_old_generations_offset_starts_where_the_new_generations_input_stands(lake):
+    lake.at(12_300)
+    lake.downstream_batch(None)  # up to 11
+    lake.core.reset_pipeline("ledger", "new checkpoint", None)
+    assert lake.core.get_pipeline("ledger").start_barrier == g(11)
+    lake.root_commit(12_400)
+    lake.at(13_500)
+    epoch = lake.core.get_pipeline("ledger").epoch
+    assert lake.core.plan_barrier("ledger", 1, g(11)).barrier == g(13)
+    txn, _ = lake.core.open_transaction("ledger", 0, epoch, tables=[lake.ledger])
+    lake.core.commit(txn.txn_id, epoch, [lake.ledger], [_append(txn.txn_id, lake.ledger)])
+    assert lake.core.get_transaction(txn.txn_id).input_barrier == g(13)  # generation 1 read
+    for generation, after in ((0, g(11)), (0, g(20)), (1, g(11)), (1, 0), (None, None)):
+        plan = lake.core.plan_barrier("ledger", generation, after, 3)
+        assert (plan.generation, plan.start_barrier, plan.after_barrier) == (1, g(11), g(13))
+
+
+def test_a_reset_keeps_the_plan_of_the_batch_the_new_generation_starts_with(lake):
+    lake.at(12_300)
+    lake.downstream_batch(None)  # up to 11
+    lake.root_commit(12_400)
+    lake.at(13_500)
+    planned = lake.core.plan_barrier("ledger", 0, g(11), 4)
+    assert (planned.barrier, planned.has_changes) == (g(13), True)
+    # the query restarts on a new checkpoint before it ran the batch: an automatic reset
+    lake.core.reset_pipeline("ledger", "checkpoint changed", None)
+    record = lake.core.get_pipeline("ledger")
+    assert (record.generation, record.start_barrier) == (1, g(11))
+    assert (record.plan_generation, record.plan_after, record.plan_barrier) == (1, g(11), g(13))
+    again = lake.core.plan_barrier("ledger", 0, g(11), 1)
+    assert (again.generation, again.after_barrier, again.barrier) == (1, g(11), g(13))
+    txn, _ = lake.core.open_transaction("ledger", 0, record.epoch)
+    assert txn.input_barrier == g(13)

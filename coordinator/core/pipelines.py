@@ -122,6 +122,12 @@ class Pipelines(CoreState):
             ))
             pipeline.start_barrier = (self._input_start(current) if start_barrier is None
                                       else start_barrier)
+            if (current.plan_generation == current.generation
+                    and current.plan_after == pipeline.start_barrier):
+                # the planned next batch starts where the new generation does: its plan stays
+                # (a reset by a new checkpoint must not lose the input barrier of the batch
+                # its sources already planned; docs/topology.md)
+                pipeline.plan_generation = current.generation + 1
             pipeline.generation += 1
             pipeline.epoch += 1
             pipeline.query_id = query_id or ""

@@ -125,6 +125,9 @@ class CoreState:
         self._newest_batch: dict[tuple[str, int], int] = {}
         # (pipeline, generation) -> its highest committed input barrier, loaded on first use
         self._last_input: dict[tuple[str, int], int] = {}
+        # pipeline -> its latest PlanBarrier round's answer: (generation, after, round, barrier,
+        # has_changes), in memory only (coordinator/core/topology.py)
+        self._plan_rounds: dict[str, tuple[int, int, int, int, bool]] = {}
         self._last_commit_at = {p.pipeline_id: monotonic() for p in self._pipelines.values()
                                 if p.last_commit_ms}
         # the state each unfinished transaction was last tracked in (metrics' transitions);

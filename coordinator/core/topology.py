@@ -313,73 +313,140 @@ class Topology(CoreState):
     # ---------------------------------------------------------------- barrier plans
 
     def plan_barrier(self, pipeline_id: str, generation: int | None,
-                     after: int | None) -> BarrierPlan:
+                     after: int | None, planning_round: int = 0) -> BarrierPlan:
         """The end of the pipeline's next micro-batch after its source's offset
-        (``generation``, ``after``), by the rule of docs/topology.md; every source of one
-        query and every retry get the same answer: an answer that moves forward is recorded
-        in the pipeline's record (durable before the reply) and repeated for the same offset.
+        (``generation``, ``after``), by the rule of docs/topology.md.
 
-        Without an offset, or with one of an older generation, the range starts at the
-        current generation's start barrier.
+        Every source of one query gets the same answer: an answer that moves forward is
+        recorded in the pipeline's record (durable before the reply) and repeated for the same
+        offset; within one planning round (``planning_round`` > 0: the source's count of its
+        planning calls) a "nothing to read yet" answer is repeated too, so no source of the
+        round sees a barrier its round-mates did not.
+
+        Without an offset, with one of another generation, or with one below where the
+        current generation's input stands (its last committed input barrier, else its start
+        barrier), the range starts where that input stands.
         """
         validation.check_id("pipeline_id", pipeline_id)
-        for name, value in (("generation", generation), ("after_barrier", after)):
+        for name, value in (("generation", generation), ("after_barrier", after),
+                            ("round", planning_round)):
             if value is not None:
                 validation.check_non_negative(name, value)
         for _ in range(PLAN_ATTEMPTS):
-            plan = self._try_plan(pipeline_id, generation, after)
+            plan = self._try_plan(pipeline_id, generation, after, planning_round)
             if plan is not None:
+                self.wait_durable()  # a repeated answer too: it may rest on a write in flight
                 return plan
         raise FailedPrecondition(
-            f"pipeline {pipeline_id!r} was reset {PLAN_ATTEMPTS} times while its next barrier "
-            "was planned; ask again")
+            f"pipeline {pipeline_id!r} was reset or committed a batch {PLAN_ATTEMPTS} times "
+            "while its next barrier was planned; ask again")
 
-    def _try_plan(self, pipeline_id: str, generation: int | None,
-                  after: int | None) -> BarrierPlan | None:
-        """The plan, or None if the pipeline's generation changed while it was computed."""
+    def _try_plan(self, pipeline_id: str, generation: int | None, after: int | None,
+                  planning_round: int) -> BarrierPlan | None:
+        """The plan, or None if the pipeline's generation or input start changed while it was
+        computed."""
         view = self.completion()
         current = view.generation(pipeline_id)
         start = view.start_barrier(pipeline_id)
-        after_barrier = after if after is not None and generation == current else start
         sources = view.lineage.reads_of(pipeline_id)
-        change = view.first_change_after(sources, after_barrier)
-        with self._lock:
-            record = self._pipelines.get(pipeline_id)
-            remembered = self._remembered(record, current, after_barrier)
-        if remembered is not None:
-            return BarrierPlan(current, start, after_barrier, remembered,
-                               change is not None and change <= remembered)
-        barrier, has_changes = next_barrier(
-            after_barrier, [view.completed(s) for s in sources], change, view.interval_ms)
-        if barrier == after_barrier:  # nothing to read yet: nothing to remember
-            return BarrierPlan(current, start, after_barrier, barrier, has_changes)
         with self._lock:
             record = self._pipelines.get(pipeline_id)
             if (record.generation if record else 0) != current:
                 return None
-            if after_barrier != (self._input_start(record) if record else
-                                 self._last_input_barrier(pipeline_id, current)):
-                # not where the generation's next batch starts (checked under the lock: a
-                # batch may have committed since the view was read): a stale offset is
-                # answered, never remembered, so the next batch's plan stays (T1)
-                return BarrierPlan(current, start, after_barrier, barrier, has_changes)
-            remembered = self._remembered(record, current, after_barrier)
-            if remembered is None:  # first to ask for this offset: the answer is recorded
-                updated = record.copy() if record else self._new_pipeline(pipeline_id)
-                updated.plan_generation = current
-                updated.plan_after = after_barrier
-                updated.plan_barrier = barrier
-                with self.store.batch():
-                    self._persist_pipeline(updated, record)
-                self._pipelines[pipeline_id] = updated
-        if remembered is not None:  # another source of the query was first
-            return BarrierPlan(current, start, after_barrier, remembered,
-                               change is not None and change <= remembered)
-        self.wait_durable()
-        fail_point("after-plan-barrier-durable")
-        log.info("barrier planned", extra={"pipeline_id": pipeline_id, "generation": current,
-                                           "after": after_barrier, "barrier": barrier})
+            input_start = self._current_input_start(pipeline_id, record)
+            after_barrier = (after if after is not None and generation == current
+                             and after >= input_start else input_start)
+            known = self._known_plan(pipeline_id, record, current, after_barrier,
+                                     planning_round)
+        if known is not None:
+            return self._repeated(view, sources, current, start, after_barrier, known)
+        change = view.first_change_after(sources, after_barrier)
+        barrier, has_changes = next_barrier(
+            after_barrier, [view.completed(s) for s in sources], change, view.interval_ms)
+        with self._lock:
+            record = self._pipelines.get(pipeline_id)
+            if ((record.generation if record else 0) != current
+                    or self._current_input_start(pipeline_id, record) != input_start):
+                return None  # reset, or a batch committed meanwhile: plan afresh
+            known = self._known_plan(pipeline_id, record, current, after_barrier,
+                                     planning_round)
+            persisted = known is None and self._keep_plan(
+                pipeline_id, record, current, after_barrier, input_start, planning_round,
+                barrier, has_changes)
+        if known is not None:  # another source of the round (or a retry) was first
+            return self._repeated(view, sources, current, start, after_barrier, known)
+        if persisted and barrier > after_barrier:
+            self.wait_durable()
+            fail_point("after-plan-barrier-durable")
+            log.info("barrier planned", extra={"pipeline_id": pipeline_id, "generation": current,
+                                               "after": after_barrier, "barrier": barrier})
         return BarrierPlan(current, start, after_barrier, barrier, has_changes)
+
+    @staticmethod
+    def _repeated(view: Completion, sources: list[str], generation: int, start: int,
+                  after: int, known: tuple[int, bool | None]) -> BarrierPlan:
+        """An answer given before, with whether its range holds a change (read if not kept)."""
+        barrier, has_changes = known
+        if has_changes is None:
+            change = view.first_change_after(sources, after)
+            has_changes = change is not None and change <= barrier
+        return BarrierPlan(generation, start, after, barrier, has_changes)
+
+    def _current_input_start(self, pipeline_id: str, record: PipelineRecord | None) -> int:
+        """Where the current generation's next batch reads from (under the lock)."""
+        if record is None:  # it only registered its reads: generation 0 from barrier 0
+            return self._last_input_barrier(pipeline_id, 0)
+        return self._input_start(record)
+
+    def _known_plan(self, pipeline_id: str, record: PipelineRecord | None, generation: int,
+                    after: int, planning_round: int) -> tuple[int, bool | None] | None:
+        """Under the lock: the answer already given for this offset, as (barrier, has_changes;
+        None: to be read), or None if it must be computed.
+
+        The remembered plan when it moves forward (every source and retry); else, in a
+        planning round, the round's answer; a fresh coordinator process (no round answer for
+        the pipeline) asked in a round repeats a remembered "nothing to read yet", which a
+        source of the same round may have been given before the restart.
+        """
+        plan = self._remembered(record, generation, after)
+        if plan is not None and plan > after:
+            return plan, None
+        if planning_round <= 0:
+            return None
+        kept = self._plan_rounds.get(pipeline_id)
+        if kept is not None and kept[:3] == (generation, after, planning_round):
+            return kept[3], kept[4]
+        if kept is None and plan == after:
+            self._plan_rounds[pipeline_id] = (generation, after, planning_round, after, False)
+            return after, False
+        return None
+
+    def _keep_plan(self, pipeline_id: str, record: PipelineRecord | None, generation: int,
+                   after: int, input_start: int, planning_round: int, barrier: int,
+                   has_changes: bool) -> bool:
+        """Under the lock: records a freshly computed answer; returns whether it wrote the
+        store. A forward answer for the generation's next batch becomes the remembered plan
+        (Open records its input barrier); in a planning round the answer is the round's, and
+        a "nothing" answer is remembered too (once per offset: a restarted coordinator repeats
+        it to the rest of the round). An offset above the input start (not where the next
+        batch starts) never replaces the remembered plan (T1)."""
+        if planning_round > 0:
+            self._plan_rounds[pipeline_id] = (generation, after, planning_round, barrier,
+                                              has_changes)
+        if after != input_start:
+            return False
+        if barrier == after and (planning_round <= 0 or (
+                record is not None and (record.plan_generation, record.plan_after)
+                == (generation, after))):
+            return False
+        updated = record.copy() if record else self._new_pipeline(pipeline_id)
+        updated.plan_generation = generation
+        updated.plan_after = after
+        updated.plan_barrier = barrier
+        with self.store.batch():
+            self._persist_pipeline(updated, record)
+        self._pipelines[pipeline_id] = updated
+        return True
 
     @staticmethod
     def _remembered(record: PipelineRecord | None, generation: int, after: int) -> int | None:

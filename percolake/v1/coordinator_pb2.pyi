@@ -734,14 +734,16 @@ class GetTopologyResponse(_message.Message):
     def __init__(self, pipelines: _Optional[_Iterable[_Union[TopologyPipeline, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TopologyTable, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[TopologyEdge, _Mapping]]] = ..., barrier_interval_ms: _Optional[int] = ..., now_ts: _Optional[int] = ..., now_unix_ms: _Optional[int] = ...) -> None: ...
 
 class PlanBarrierRequest(_message.Message):
-    __slots__ = ("pipeline_id", "generation", "after_barrier")
+    __slots__ = ("pipeline_id", "generation", "after_barrier", "round")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     AFTER_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
     generation: int
     after_barrier: int
-    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., after_barrier: _Optional[int] = ...) -> None: ...
+    round: int
+    def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., after_barrier: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class PlanBarrierResponse(_message.Message):
     __slots__ = ("generation", "start_barrier", "after_barrier", "barrier", "has_changes")

@@ -21,11 +21,18 @@ from pyspark.sql.types import StructType
 import sparkside
 from percolake.barriers import LOGICAL_BITS
 from percolake.lake import storage
+from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant
 from sparkside.checkpoint_offsets import batch_source_offsets
 from sparkside.delta_log import TableLog
-from sparkside.errors import NotAppendOnly, TableNotWritten
-from sparkside.source import Offset, SourceOptions
+from sparkside.errors import BatchRefused, NotAppendOnly, TableNotWritten
+from sparkside.source import (
+    Offset,
+    PercolakeStreamReader,
+    SourceOptions,
+    batch_range,
+    next_offset,
+)
 from sparkside.source_files import FilePartition, read_file
 from tests.spark.conftest import run_until
 from tests.spark.helpers import committed_batches, rows
@@ -121,13 +128,121 @@ def test_an_object_store_table_is_read_through_arrows_s3_filesystem(
 
 
 def test_offsets_and_options_are_checked() -> None:
-    assert Offset.parse('{"generation": 2, "barrier": 7}') == Offset(2, 7)
+    assert Offset.parse('{"generation": 2, "barrier": 7, "after": 5}') == Offset(2, 7, 5)
+    assert Offset.parse({"generation": 1, "barrier": 9, "after": 3}).to_dict() == {
+        "generation": 1, "barrier": 9, "after": 3}
+    # an offset written before the range start was recorded
+    assert Offset.parse('{"generation": 2, "barrier": 7}') == Offset(2, 7, None)
     assert Offset.parse({"generation": 0, "barrier": 0}).to_dict() == {
         "generation": 0, "barrier": 0}
-    with pytest.raises(ValueError, match="not a percolake source offset"):
-        Offset.parse({"barrier": 1})
+    for bad in ({"barrier": 1}, {"generation": 0, "barrier": 4, "after": 5}, "[1]"):
+        with pytest.raises(ValueError, match="not a percolake source offset"):
+            Offset.parse(bad)
     with pytest.raises(ValueError, match="coordinator, pipeline"):
         SourceOptions.of({"path": "/tmp/x"})
+
+
+def test_a_checkpoint_location_is_checked_and_a_missing_offset_entry_is_named(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for bad in ("relative/ck", "hdfs://namenode/ck", ""):
+        with pytest.raises(ValueError, match="checkpoint_location"):
+            Participant("127.0.0.1:1", "ledger", checkpoint_location=bad)
+    Participant("127.0.0.1:1", "ledger", checkpoint_location=f"file://{tmp_path}").close()
+    with caplog.at_level("WARNING", logger="percolake.participant"):
+        assert batch_source_offsets(str(tmp_path), 3) == ""
+    assert f"{tmp_path}/offsets/3" in caplog.text
+
+
+def plan_reply(generation: int, after: int, barrier: int) -> pb.PlanBarrierResponse:
+    return pb.PlanBarrierResponse(generation=generation, start_barrier=0, after_barrier=after,
+                                  barrier=barrier, has_changes=barrier > after)
+
+
+def test_a_source_keeps_its_offset_only_when_nothing_is_due_where_it_stands() -> None:
+    given = {"generation": 1, "barrier": 30, "after": 20}
+    start = Offset.parse(given)
+    assert next_offset(start, plan_reply(1, 30, 30), given) is given  # no batch for it
+    # the round's plan: the same end, and the range it starts from, for every source
+    assert next_offset(start, plan_reply(1, 30, 40), given) == {
+        "generation": 1, "barrier": 40, "after": 30}
+    # nothing due, but the pipeline's input stands further (or in another generation): it
+    # moves there, reading nothing, so its next batch starts where its round-mates' does
+    assert next_offset(start, plan_reply(1, 35, 35), given) == {
+        "generation": 1, "barrier": 35, "after": 35}
+    assert next_offset(start, plan_reply(2, 30, 30), given) == {
+        "generation": 2, "barrier": 30, "after": 30}
+
+
+def test_a_batchs_range_is_the_one_its_end_offset_records() -> None:
+    end = Offset(1, 40, 30)
+    # whatever Spark passes as the start (a replay, a source that was left behind)
+    for start in (Offset(1, 30, 20), Offset(1, 10, 0), Offset(0, 50, 40)):
+        assert batch_range(start, end, "ledger", "t") == (30, 40)
+    assert batch_range(Offset(1, 40, 30), Offset(1, 40, 40), "ledger", "t") == (40, 40)
+    # offsets without a recorded start: from the start offset within one generation
+    assert batch_range(Offset(1, 20), Offset(1, 40), "ledger", "t") == (20, 40)
+    assert batch_range(Offset(1, 20, 10), Offset(1, 40), "ledger", "t") == (20, 40)
+    with pytest.raises(BatchRefused, match="new checkpoint location"):
+        batch_range(Offset(0, 20), Offset(1, 40), "ledger", "t")
+
+
+class FakeCoordinator:
+    """Answers the source's calls from a script and records them."""
+
+    def __init__(self, plans: list[pb.PlanBarrierResponse], changes: list[int]) -> None:
+        self.plans, self.changes = plans, changes
+        self.calls: list[tuple[str, object]] = []
+        self.closed = 0
+
+    def call(self, method: str, request: object) -> object:
+        copy = type(request)()
+        copy.CopyFrom(request)
+        self.calls.append((method, copy))
+        if method == "PlanBarrier":
+            return self.plans.pop(0)
+        if method == "GetTableChanges":
+            return pb.GetTableChangesResponse(changes=[])
+        return pb.RegisterReadsResponse()
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_the_reader_counts_planning_rounds_and_reads_the_end_offsets_range(
+        tmp_path: Path) -> None:
+    clients: list[FakeCoordinator] = []
+    plans = [plan_reply(0, 0, 0), plan_reply(0, 0, 0), plan_reply(0, 0, 50),
+             plan_reply(0, 50, 50)]
+
+    class Options(SourceOptions):
+        def client(self) -> FakeCoordinator:  # type: ignore[override]
+            clients.append(FakeCoordinator(plans, []))
+            return clients[-1]
+
+    options = Options(f"file://{tmp_path}/debits", "127.0.0.1:1", "ledger")
+    reader = PercolakeStreamReader(options, StructType.fromJson(
+        {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True,
+                                       "metadata": {}}]}))
+    # the read edge is registered and the channel closed at once (a planning-only reader
+    # is never stopped by Spark)
+    assert [m for m, _ in clients[0].calls] == ["RegisterReads"] and clients[0].closed == 1
+    initial = reader.initialOffset()
+    assert initial == {"generation": 0, "barrier": 0, "after": 0}
+    assert reader.latestOffset(initial) is initial  # round 1: nothing yet
+    end = reader.latestOffset(initial)  # round 2
+    assert end == {"generation": 0, "barrier": 50, "after": 0}
+    assert reader.latestOffset(end) is end  # round 3: it stands where the input stands
+    planning = [r for m, r in clients[1].calls if m == "PlanBarrier"]
+    # initialOffset asks in the round its latestOffset is about to plan
+    assert [r.round for r in planning] == [1, 1, 2, 3]
+    assert [r.HasField("after_barrier") for r in planning] == [False, True, True, True]
+    assert reader.partitions(initial, {"generation": 0, "barrier": 50, "after": 50}) == []
+    assert reader.partitions({"generation": 0, "barrier": 20, "after": 0}, end) == []
+    (changes,) = [r for m, r in clients[1].calls if m == "GetTableChanges"]
+    assert (changes.after_barrier, changes.upto_barrier) == (0, 50)
+    reader.stop()
+    reader.stop()
+    assert clients[1].closed == 1
 
 
 def digest(rows: list[tuple]) -> str:
