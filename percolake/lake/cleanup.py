@@ -22,7 +22,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from percolake.errors import InvalidArgument, Unavailable
 from percolake.lake.warehouse import (
@@ -82,23 +82,42 @@ def remove_attempt_files(write_location: str, *, roots: Sequence[str] | None = N
             or any(p in ("", ".") for p in parts)):
         raise UnsafeLocation(f"refusing to delete {path}: not a <table>/{ATTEMPT_DIR}/<txn_id> "
                              "folder")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    def refusal(name: str, exc: OSError) -> UnsafeLocation | None:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return UnsafeLocation(f"refusing to delete {path}: {name} on its path is a "
+                                  "symlink or not a folder")
+        return None
+
+    fd = walk_folders(os.open(root, os.O_RDONLY | os.O_DIRECTORY), parts[:-1], refusal)
+    if fd is None:
+        return
     try:
-        for name in parts[:-1]:
-            try:
-                child = os.open(name, _OPEN_DIR, dir_fd=fd)
-            except FileNotFoundError:
-                return
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafeLocation(f"refusing to delete {path}: {name} on its path is a "
-                                         "symlink or not a folder") from None
-                raise
-            os.close(fd)
-            fd = child
         _remove_tree(fd, parts[-1], path)
     finally:
         os.close(fd)
+
+
+def walk_folders(fd: int, names: Sequence[str],
+                 refusal: Callable[[str, OSError], UnsafeLocation | None]) -> int | None:
+    """From the open folder ``fd`` down through ``names``, following no symlink: the last
+    folder's descriptor (the caller closes it), or None if one of them is missing. ``fd`` is
+    the walk's to close. An error opening a folder raises ``refusal(name, error)``, or the
+    error itself when that is None."""
+    for name in names:
+        try:
+            child = os.open(name, _OPEN_DIR, dir_fd=fd)
+        except FileNotFoundError:
+            os.close(fd)
+            return None
+        except OSError as exc:
+            os.close(fd)
+            refused = refusal(name, exc)
+            if refused is not None:
+                raise refused from None
+            raise
+        os.close(fd)
+        fd = child
+    return fd
 
 
 def _remove_tree(parent_fd: int, name: str, path: str) -> None:

@@ -28,6 +28,7 @@ from urllib.parse import unquote
 from deltalake import DeltaTable
 
 from percolake.lake import storage
+from percolake.lake.cleanup import walk_folders
 from percolake.lake.delta_commit import commit_file, commit_uri, open_table
 from percolake.lake.warehouse import (
     UnsafeLocation,
@@ -149,17 +150,13 @@ class TableVacuum:
 def _unlink_below(root: str, parts: list[str]) -> None:
     """Unlinks ``root/parts...`` if it is a regular file, walking folders without following
     any symlink (one swapped in is refused, never followed out of the table)."""
-    fd = os.open(root, _OPEN_DIR)
+    def refusal(name: str, exc: OSError) -> UnsafeLocation:
+        return UnsafeLocation(f"refusing to vacuum below {root}/{name}: {exc}")
+
+    fd = walk_folders(os.open(root, _OPEN_DIR), parts[:-1], refusal)
+    if fd is None:
+        return
     try:
-        for name in parts[:-1]:
-            try:
-                child = os.open(name, _OPEN_DIR, dir_fd=fd)
-            except FileNotFoundError:
-                return
-            except OSError as exc:
-                raise UnsafeLocation(f"refusing to vacuum below {root}/{name}: {exc}") from None
-            os.close(fd)
-            fd = child
         try:
             mode = os.lstat(parts[-1], dir_fd=fd).st_mode
         except FileNotFoundError:
