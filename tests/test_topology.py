@@ -258,8 +258,9 @@ def test_a_root_tables_completed_barrier_waits_for_its_unapplied_commit(tmp_path
     assert view.delay_ms(table) >= 0
     core.report_applied(txn.txn_id, None, {debits: 0})
     after = core.get_topology()
-    while wall_ms_of_barrier(after.now_ts) <= wall_ms_of_barrier(committed.commit_ts):
-        after = core.get_topology()  # the commit's own millisecond: no barrier above it yet
+    # completed barriers lie below now: wait until now - 1 has left the commit's millisecond
+    while wall_ms_of_barrier(after.now_ts - 1) <= wall_ms_of_barrier(committed.commit_ts):
+        after = core.get_topology()
     assert after.tables[0].completed_barrier == barrier_at_or_below(after.now_ts - 1, 1)
     assert after.tables[0].completed_barrier >= committed.commit_ts
 
