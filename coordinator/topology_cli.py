@@ -47,14 +47,14 @@ def topology_json(reply: pb.GetTopologyResponse) -> dict[str, Any]:
                 "completed_barrier_ts": entry.completed_barrier_ts if known else None,
                 "completed_barrier_unix_ms":
                     entry.completed_barrier_unix_ms if known else None,
-                "completed_barrier": _iso(entry.completed_barrier_unix_ms) if known else None,
+                "completed_barrier": utc_time(entry.completed_barrier_unix_ms) if known else None,
                 "delay_ms": entry.delay_ms if known else None,
                 "bottleneck_pipeline": entry.bottleneck_pipeline or None,
                 "bottleneck_delay_ms": _field(entry, "bottleneck_delay_ms")}
 
     return {
         "barrier_interval_ms": reply.barrier_interval_ms, "now_ts": reply.now_ts,
-        "now_unix_ms": reply.now_unix_ms, "now": _iso(reply.now_unix_ms),
+        "now_unix_ms": reply.now_unix_ms, "now": utc_time(reply.now_unix_ms),
         "pipelines": [{"pipeline_id": p.pipeline_id, "generation": p.generation,
                        "root": p.root, "reads": list(p.reads), "writes": list(p.writes),
                        "own_delay_ms": _field(p, "own_delay_ms"),
@@ -76,14 +76,14 @@ def render(result: dict[str, Any]) -> str:
         ["PIPELINE", "GEN", "KIND", "READS", "WRITES", "OWN DELAY", "END-TO-END"],
         [[p["pipeline_id"], str(p["generation"]), "root" if p["root"] else "downstream",
           ", ".join(p["reads"]) or "-", ", ".join(p["writes"]) or "-",
-          _seconds(p["own_delay_ms"]), _seconds(p["end_to_end_delay_ms"])]
+          delay_text(p["own_delay_ms"]), delay_text(p["end_to_end_delay_ms"])]
          for p in result["pipelines"]])
     tables = _columns(
         ["TABLE", "WRITER", "READERS", "COMPLETED BARRIER (UTC)", "DELAY", "BOTTLENECK"],
         [[t["table"], t["writer"] or "-", ", ".join(t["readers"]) or "-",
-          t["completed_barrier"] or "(not known yet)", _seconds(t["delay_ms"]),
+          t["completed_barrier"] or "(not known yet)", delay_text(t["delay_ms"]),
           "" if t["bottleneck_pipeline"] is None
-          else f"{t['bottleneck_pipeline']} ({_seconds(t['bottleneck_delay_ms'])})"]
+          else f"{t['bottleneck_pipeline']} ({delay_text(t['bottleneck_delay_ms'])})"]
          for t in result["tables"]])
     interval = result["barrier_interval_ms"] / 1000
     return (f"{pipelines}\n\n{tables or 'no tables'}\n\nglobal barriers every {interval:g} s; "
@@ -95,7 +95,8 @@ def _field(message: Any, name: str) -> int | None:
     return getattr(message, name) if message.HasField(name) else None
 
 
-def _seconds(ms: int | None) -> str:
+def delay_text(ms: int | None) -> str:
+    """A delay in seconds as the CLI and the web view show it; "" while not known."""
     return "" if ms is None else f"{ms / 1000:.1f}s"
 
 
@@ -107,6 +108,7 @@ def _columns(header: Sequence[str], rows: list[Sequence[str]]) -> str:
                      for row in [header, *rows])
 
 
-def _iso(unix_ms: int) -> str:
+def utc_time(unix_ms: int) -> str:
+    """Wall-clock milliseconds as UTC ISO 8601 with milliseconds (the CLI and the web view)."""
     when = dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.timezone.utc)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"

@@ -28,8 +28,10 @@ from coordinator.hanging import find_hanging
 from coordinator.leadership import CoreProvider, NotServing
 from coordinator.ops_cli import UNFINISHED, duration, pipeline_json, txn_json
 from coordinator.ops_cli import _age as age_text
+from coordinator.oracle import wall_ms_of
 from coordinator.servicer import CoordinatorServicer
 from coordinator.status_codes import status_for
+from coordinator.topology_cli import delay_text, topology_json, utc_time
 from percolake.errors import InvalidArgument, NotLeader, ProtocolError, StoreUnavailable
 from percolake.v1 import coordinator_pb2 as pb
 
@@ -187,6 +189,39 @@ def pipeline_view(reader: Reader, pipeline_id: str) -> dict[str, Any]:
     return {**pipeline, "tables": tables, "live_attempts": live}
 
 
+def topology_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
+    """As ``topology --json``; ``table`` (repeatable) narrows it as GetTopology's ``tables``."""
+    return topology_json(reader.call("GetTopology",
+                                     pb.GetTopologyRequest(tables=_tables(query))))
+
+
+def leases_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
+    """The live leases as ListLeases answers this caller (the ids of other principals' leases
+    empty unless ADMIN); ``table`` (repeatable) lists those on any of these tables."""
+    tables = _tables(query)
+    reply = reader.call("ListLeases", pb.ListLeasesRequest(tables=tables))
+    now_ms = _now_ms()
+    return {"tables": tables, "now_unix_ms": now_ms, "now": utc_time(now_ms),
+            "leases": [lease_json(lease, now_ms) for lease in reply.leases]}
+
+
+def lease_json(lease: pb.Lease, now_ms: int) -> dict[str, Any]:
+    """A lease as /api/leases shows it: times as UTC too; ``lease_id`` null where hidden."""
+    barrier_ms = wall_ms_of(lease.barrier_ts)
+    return {"lease_id": lease.lease_id or None, "holder": lease.holder,
+            "tables": [{"table": t.table, "delta_version": t.delta_version}
+                       for t in lease.tables],
+            "barrier_ts": lease.barrier_ts, "barrier_unix_ms": barrier_ms,
+            "barrier": utc_time(barrier_ms),
+            "created_unix_ms": lease.created_unix_ms, "created": utc_time(lease.created_unix_ms),
+            "expires_unix_ms": lease.expires_unix_ms, "expires": utc_time(lease.expires_unix_ms),
+            "expires_in_s": max(0.0, (lease.expires_unix_ms - now_ms) / 1000)}
+
+
+def _tables(query: dict[str, list[str]]) -> list[str]:
+    return [t.strip() for t in query.get("table", []) if t.strip()]
+
+
 def hanging_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
     older = _older_than(query, 120.0)
     assert older is not None
@@ -243,7 +278,8 @@ form input{margin-right:.8em}"""
 
 def page(title: str, body: str) -> str:
     nav = "".join(_link(path, label) for path, label in (
-        ("/", "Pipelines"), ("/transactions", "Transactions"), ("/hanging", "Hanging")))
+        ("/", "Pipelines"), ("/transactions", "Transactions"), ("/hanging", "Hanging"),
+        ("/topology", "Topology"), ("/leases", "Leases")))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f"<title>{_e(title)} - percolake</title><style>{_STYLE}</style></head><body>"
             f"<header><strong>percolake</strong> &nbsp; {nav}</header>"
@@ -351,6 +387,72 @@ def hanging_html(found: dict[str, Any]) -> str:
         rows, "no hanging transaction"))
 
 
+def _pipeline_links(pipeline_ids: list[str]) -> str:
+    return ", ".join(_pipeline_link(p) for p in pipeline_ids) or _e("-")
+
+
+def _table_cell(table: str) -> str:
+    return f"<code>{_e(table)}</code>"
+
+
+def _barrier(ts: int | None, utc: str | None = None, unknown: str = "(not known yet)") -> str:
+    """A barrier as its UTC wall time and its raw oracle timestamp."""
+    if ts is None:
+        return _e(unknown)
+    return f"{_e(utc or utc_time(wall_ms_of(ts)))}<br><small>ts {_e(ts)}</small>"
+
+
+def _leases_link(tables: list[str], label: str) -> str:
+    return _link("/leases?" + urllib.parse.urlencode([("table", t) for t in tables]), label)
+
+
+def topology_html(topology: dict[str, Any]) -> str:
+    pipelines = _table(
+        ["Pipeline", "Generation", "Kind", "Reads", "Writes", "Own delay", "End-to-end delay",
+         "Last input barrier (UTC)"],
+        [[_pipeline_link(p["pipeline_id"]), _e(p["generation"]),
+          _e("root" if p["root"] else "downstream"),
+          "<br>".join(_table_cell(t) for t in p["reads"]) or _e("-"),
+          "<br>".join(_table_cell(t) for t in p["writes"]) or _e("-"),
+          _e(delay_text(p["own_delay_ms"])), _e(delay_text(p["end_to_end_delay_ms"])),
+          _e("-") if p["root"] else _barrier(p["last_input_barrier_ts"], unknown="(none yet)")]
+         for p in topology["pipelines"]], "no pipelines")
+    tables = _table(
+        ["Table", "Writer", "Readers", "Completed barrier (UTC)", "Delay", "Bottleneck",
+         ""],
+        [[_table_cell(t["table"]), _pipeline_links([t["writer"]] if t["writer"] else []),
+          _pipeline_links(t["readers"]),
+          _barrier(t["completed_barrier_ts"], t["completed_barrier"]),
+          _e(delay_text(t["delay_ms"])),
+          "" if t["bottleneck_pipeline"] is None else _pipeline_link(t["bottleneck_pipeline"])
+          + _e(f" ({delay_text(t['bottleneck_delay_ms'])})"),
+          _leases_link([t["table"]], "leases")] for t in topology["tables"]], "no tables")
+    interval = f"{topology['barrier_interval_ms'] / 1000:g}"
+    intro = (f"<p>Global barriers every {_e(interval)} s; "
+             f"answered at {_barrier(topology['now_ts'], topology['now'])}. A table's delay is "
+             "now minus its completed barrier; its bottleneck is the pipeline with the largest "
+             "own delay on its way from the roots (docs/topology.md).</p>")
+    return page("Topology", intro + "<h2>Pipelines</h2>" + pipelines + "<h2>Tables</h2>"
+                + tables)
+
+
+def leases_html(leases: dict[str, Any]) -> str:
+    rows = [[_e(lease["lease_id"] or "(hidden: another principal's)"), _e(lease["holder"]),
+             "<br>".join(f"{_table_cell(t['table'])} v{_e(t['delta_version'])}"
+                         for t in lease["tables"]),
+             _barrier(lease["barrier_ts"], lease["barrier"]), _e(lease["created"]),
+             _e(lease["expires"]) + _e(f" (in {age_text(lease['expires_in_s'])})")]
+            for lease in leases["leases"]]
+    scope = ("on " + ", ".join(_table_cell(t) for t in leases["tables"]) if leases["tables"]
+             else "on every table")
+    intro = (f"<p>Live snapshot leases {scope} (vacuum keeps their files until they expire); "
+             "name tables with <code>?table=T</code> (repeat it). The ids of other principals' "
+             "leases are shown only to an ADMIN.</p>")
+    return page("Leases", intro + _table(
+        ["Lease", "Holder", "Tables (Delta version)", "Barrier (UTC)", "Created (UTC)",
+         "Expires (UTC)"], rows, "no live lease"))
+
+
 def error_html(error: WebError) -> str:
     body = f'<p class="error">{_e(error)}</p>'
     if error.leader:
@@ -371,12 +473,19 @@ def route(reader: Reader, path: str, query: dict[str, list[str]]) -> tuple[Any, 
     if path == "/hanging":
         found = hanging_view(reader, query)
         return found, lambda: hanging_html(found)
+    if path == "/topology":
+        topology = topology_view(reader, query)
+        return topology, lambda: topology_html(topology)
+    if path == "/leases":
+        leases = leases_view(reader, query)
+        return leases, lambda: leases_html(leases)
     for prefix, view, render in (("/transactions/", transaction_view, transaction_html),
                                  ("/pipelines/", pipeline_view, pipeline_html)):
         if path.startswith(prefix) and len(path) > len(prefix):
             data = view(reader, urllib.parse.unquote(path[len(prefix):]))
             return data, lambda data=data, render=render: render(data)
-    raise WebError(404, f"no page {path}; see /, /transactions, /hanging and /api/...")
+    raise WebError(404, f"no page {path}; see /, /transactions, /hanging, /topology, /leases "
+                   "and /api/...")
 
 
 class WebServer:
