@@ -1,4 +1,4 @@
-"""``percolake-coordinator revise``: roll a root table and every table downstream of it back to
+"""``percolake-coordinator revise``: roll a table and every table downstream of it back to
 their versions at a global barrier (docs/topology.md, revision), through the ``Revise`` RPC.
 
 Exit status: 0 done, 1 the coordinator refused (its status and message on stderr), 2 bad
@@ -20,14 +20,15 @@ from percolake.v1 import coordinator_pb2 as pb
 def add_command(commands: Any, default_target: str) -> None:
     """Adds ``revise`` to the top-level subparsers."""
     revise = commands.add_parser(
-        "revise", help="roll a root table and its downstream tables back to a barrier",
-        description="Restore a root table, the other tables of its pipeline and every table "
+        "revise", help="roll a table and its downstream tables back to a barrier",
+        description="Restore a table, the other tables of its pipeline and every table "
         "downstream of them to their versions at a global barrier, in one commit that readers "
-        "see all at once; start a new generation of each downstream pipeline, whose input "
-        "restarts after the restore, and print the source offsets the root pipeline must "
-        "restart from. Needs ADMIN on every pipeline when the coordinator authenticates "
-        "callers.")
-    revise.add_argument("--table", required=True, help="the root table to revise")
+        "see all at once, and start a new generation of each affected pipeline. A root table: "
+        "the downstream pipelines' input restarts after the restore; the source offsets the "
+        "root pipeline must restart from are printed. A derived table: its pipeline and the "
+        "downstream ones re-read their inputs from the barrier. Needs ADMIN on every pipeline "
+        "when the coordinator authenticates callers.")
+    revise.add_argument("--table", required=True, help="the table to revise (root or derived)")
     revise.add_argument("--to-barrier", required=True, type=barrier_argument,
                         help="a global barrier the tables completed: its oracle timestamp "
                         "(completed_barrier_ts of `topology --json`) or its UTC time as "
@@ -67,6 +68,7 @@ def revision_json(reply: pb.ReviseResponse) -> dict[str, Any]:
         "root_pipeline_id": reply.root_pipeline_id,
         "root_batch_id": reply.root_batch_id if reply.root_batch_id >= 0 else None,
         "root_source_offsets": reply.root_source_offsets,
+        "derived": reply.derived, "writing_pipeline_id": reply.writing_pipeline_id,
     }
 
 
@@ -86,6 +88,10 @@ def render(result: dict[str, Any]) -> str:
     else:
         lines.append("no downstream pipelines")
     lines.append("")
+    if result["derived"]:
+        lines.append(f"derived table: pipeline {result['writing_pipeline_id']} and the "
+                     "downstream ones re-read their inputs from the barrier; no root restarts")
+        return "\n".join(lines)
     root = result["root_pipeline_id"]
     if result["root_batch_id"] is None:
         lines.append(f"root pipeline {root}: no batch at or below the barrier (or its record "

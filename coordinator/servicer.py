@@ -338,6 +338,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                        consistency=request.consistency or pb.CONSISTENCY_SNAPSHOT)
         if consistency == Consistency.TOPOLOGY:
             reply.barrier_ts = snapshot.snapshot_ts
+            reply.revised_ts = snapshot.revised_ts
         for table in request.tables:
             canonical = core.resolve_table(table)
             version = snapshot.versions[canonical]
@@ -421,7 +422,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                        for p in revision.pipelines],
             root_pipeline_id=revision.root_pipeline_id,
             root_batch_id=-1 if revision.root_batch_id is None else revision.root_batch_id,
-            root_source_offsets=revision.root_source_offsets)
+            root_source_offsets=revision.root_source_offsets, derived=revision.derived,
+            writing_pipeline_id=revision.writing_pipeline_id)
 
     @rpc
     def ReleaseLease(self, core, request, context):  # noqa: N802

@@ -49,6 +49,8 @@ class Snapshot:
         self.consistency: str = _CONSISTENCY_NAMES.get(reply.consistency, "snapshot")
         self.barrier_ts: int | None = (reply.barrier_ts if reply.consistency
                                        == pb.CONSISTENCY_TOPOLOGY else None)
+        # topology: the newest revision of a derived table among the tables (0: none)
+        self.revised_ts: int = reply.revised_ts
         self.lease_id: str | None = reply.lease.lease_id if reply.HasField("lease") and \
             reply.lease.lease_id else None
         self.lease_expires_unix_ms: int | None = (reply.lease.expires_unix_ms
@@ -103,8 +105,10 @@ class ConsistentReader:
         security = ClientSecurity.resolve(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
                                           token=token)
         self._client = CoordinatorClient(target, retry_s, security)
-        # T2 on this side: the newest topology barrier answered per set of tables.
-        self._topology_floor: dict[frozenset[str], int] = {}
+        # T2 on this side: the newest topology barrier answered per set of tables, and the
+        # newest revision of a derived table among them then (past a newer one the answers
+        # start again from its barrier: docs/topology.md, revision).
+        self._topology_floor: dict[frozenset[str], tuple[int, int]] = {}
 
     def snapshot(self, tables: Sequence[str], as_of: AsOf = None,
                  wait_s: float | None = None, *, consistency: str = "snapshot",
@@ -177,15 +181,18 @@ class ConsistentReader:
         if barrier is not None:
             return snapshot  # time travel: the floor is for the latest answers only
         key = frozenset(snapshot._canonical.values())
-        floor = self._topology_floor.get(key)
-        if floor is not None and (snapshot.barrier_ts or 0) < floor:
+        floor, revised = self._topology_floor.get(key, (0, 0))
+        if snapshot.revised_ts > revised:
+            floor = 0  # a derived table was revised since: its answers restart at its barrier
+        elif (snapshot.barrier_ts or 0) < floor:
             # An answer below one already given (a coordinator that does not know the earlier
             # answer): ask at the earlier barrier, which every table completed before.
             snapshot.release()
             request.as_of_barrier = floor
             snapshot = Snapshot(self._spark, snapshot_once_completed(self._client, request),
                                 self._client)
-        self._topology_floor[key] = max(floor or 0, snapshot.barrier_ts or 0)
+        self._topology_floor[key] = (max(floor, snapshot.barrier_ts or 0),
+                                     max(revised, snapshot.revised_ts))
         return snapshot
 
     def close(self) -> None:

@@ -241,10 +241,10 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 5
+                            ).fetchone()[0] == 6
 
 
-def test_schema_4_is_migrated_to_5_keeping_its_records(pg_dsn):
+def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert migrate_postgres(conn, "test", POSTGRES_MIGRATIONS[:4]) == 4
         row = txn("t1", 10).to_row()
@@ -260,24 +260,25 @@ def test_schema_4_is_migrated_to_5_keeping_its_records(pg_dsn):
         pipeline = store.load_pipelines()[0]
         assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,
                 pipeline.plan_after, pipeline.plan_barrier) == (2, 0, -1, 0, 0)
-        assert store.table_commit_at("file:///w/a", 20).input_barrier == 0
+        commit = store.table_commit_at("file:///w/a", 20)
+        assert (commit.input_barrier, commit.superseded_ts) == (0, 0)
         assert store.load_leases() == []
     finally:
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 5
+                            ).fetchone()[0] == 6
 
 
 def test_a_newer_schema_is_refused(pg_dsn):
     PostgresStore(pg_dsn).close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE meta SET value = 6 WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = 7 WHERE key = 'schema_version'")
     with pytest.raises(StoreSchemaError) as refused:
         PostgresStore(pg_dsn)
     assert str(refused.value) == (
         f"the store at 127.0.0.1:{urllib.parse.urlsplit(pg_dsn).port}/{dbname(pg_dsn)} has "
-        "schema 6; this coordinator knows up to 5: upgrade the coordinator")
+        "schema 7; this coordinator knows up to 6: upgrade the coordinator")
 
 
 def test_a_connection_cut_mid_batch_is_unavailable_then_reconnects(postgres_server, pg_dsn):

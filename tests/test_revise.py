@@ -12,11 +12,13 @@ import functools
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, Schema
@@ -29,9 +31,11 @@ from percolake.lake.delta_commit import apply_table_write, files_of_version
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 from percolake.states import TxnState
 from percolake.v1 import coordinator_pb2 as pb
+from sparkside.reader import ConsistentReader
 from tests.crash.rpc import Client
 from tests.daemon_support import wait_for
 from tests.topology_support import (
+    LEDGER_SCHEMA,
     LightPipeline,
     TopologyLake,
     changed_rows,
@@ -141,34 +145,45 @@ class Bank:
         return self.bank.batch(batch, {debits: transfers(rows), credits: transfers(rows + 50)},
                                source_offsets=json.dumps({"batch": rows}))
 
-    def catch_up(self, upto_ts: int) -> int:
+    def catch_up(self, upto_ts: int, make_rows: Callable[..., pa.Table] = ledger_rows) -> int:
         """Runs ledger batches until its input barrier covers commit_ts ``upto_ts``; returns
         that input barrier."""
-        debits, credits, ledger = self.tables
-
-        def step() -> bool:
-            plan = self.client.call("PlanBarrier", pb.PlanBarrierRequest(
-                pipeline_id="ledger", generation=self.ledger.generation,
-                after_barrier=self.ledger_after))
-            if plan.barrier == plan.after_barrier:
-                return False
-            opened = self.ledger.open(self.ledger_batch, [ledger])
-            assert opened.input_barrier == plan.barrier, (opened, plan)
-            rows = ledger_rows(changed_rows(self.client, debits, plan.after_barrier, plan.barrier),
-                               changed_rows(self.client, credits, plan.after_barrier,
-                                            plan.barrier), plan.barrier)
-            self.ledger.commit(opened, {ledger: rows})
-            finish(self.client, opened.transaction.txn_id, self.ledger.epoch)
-            self.ledger_batch += 1
-            self.ledger_after = plan.barrier
-            return self.ledger_after >= upto_ts
-
-        wait_for(step, 30, f"the ledger to read up to {upto_ts}", interval_s=0.05)
+        self.ledger_after, self.ledger_batch = catch_up(
+            self.client, self.ledger, self.tables[:2], self.tables[2], make_rows,
+            self.ledger_after, self.ledger_batch, upto_ts)
         return self.ledger_after
 
     def latest_versions(self) -> dict[str, int | None]:
         reply = self.client.call("GetSnapshot", pb.GetSnapshotRequest(tables=list(self.tables)))
         return {t.table: t.delta_version if t.exists else None for t in reply.tables}
+
+
+def catch_up(client: Client, pipeline: LightPipeline, sources: tuple[str, ...], target: str,
+             make_rows: Callable[..., pa.Table], after: int, batch: int,
+             upto_ts: int) -> tuple[int, int]:
+    """Runs the downstream pipeline's batches from ``after`` (batch id ``batch``) until its
+    input barrier covers ``upto_ts``, writing ``make_rows(*source changes, barrier)`` each;
+    returns (its input barrier, its next batch id)."""
+
+    def step() -> bool:
+        nonlocal after, batch
+        plan = client.call("PlanBarrier", pb.PlanBarrierRequest(
+            pipeline_id=pipeline.pipeline_id, generation=pipeline.generation,
+            after_barrier=after))
+        if plan.barrier == plan.after_barrier:
+            return False
+        opened = pipeline.open(batch, [target])
+        assert opened.input_barrier == plan.barrier, (opened, plan)
+        rows = make_rows(*(changed_rows(client, s, plan.after_barrier, plan.barrier)
+                           for s in sources), plan.barrier)
+        pipeline.commit(opened, {target: rows})
+        finish(client, opened.transaction.txn_id, pipeline.epoch)
+        batch += 1
+        after = plan.barrier
+        return after >= upto_ts
+
+    wait_for(step, 30, f"{pipeline.pipeline_id} to read up to {upto_ts}", interval_s=0.05)
+    return after, batch
 
 
 def start_bank(lake: TopologyLake, client: Client) -> Bank:
@@ -325,7 +340,117 @@ def test_a_revision_restores_every_affected_table_in_one_commit_and_starts_new_g
         assert empty.root_batch_id == -1 and empty.root_source_offsets == ""
 
 
-def test_revisions_are_refused_for_derived_tables_and_barriers_not_completed_or_not_global(
+def doubled_ledger_rows(debits: pa.Table, credits: pa.Table, barrier: int) -> pa.Table:
+    """A broken ledger: every amount twice."""
+    rows = ledger_rows(debits, credits, barrier)
+    return rows.set_column(1, "amount", pc.multiply(rows.column("amount"), 2))
+
+
+def audit_rows(ledger: pa.Table, barrier: int) -> pa.Table:
+    """``audit`` copies the ledger's rows."""
+    return ledger if ledger.num_rows else LEDGER_SCHEMA.empty_table()
+
+
+def test_a_derived_revision_restores_it_and_its_downstream_and_re_reads_from_the_barrier(lake):
+    """ledger (derived) is revised to B after a broken release doubled its amounts; audit
+    copies the ledger. Both go back to B in one commit (T4); ledger and audit re-read their
+    inputs from B in new generations, never the rows the revision rolled back; the topology
+    check holds again."""
+    lake.start()
+    with lake.client() as client:
+        bank = start_bank(lake, client)
+        debits, credits, ledger = bank.tables
+        audit_table = lake.table("audit")
+        audit = LightPipeline(client, "audit").register()
+        audit.register_reads([ledger])
+        audit_at = (0, 0)
+        bank.bank_batch(0)
+        barrier = bank.catch_up(bank.bank_batch(1).commit_ts)
+        audit_at = catch_up(client, audit, (ledger,), audit_table, audit_rows, *audit_at, barrier)
+        at_barrier = bank.latest_versions()
+        next_change = bank.bank_batch(2).commit_ts
+        last_bank = bank.bank_batch(3).commit_ts
+        broken = bank.catch_up(last_bank, doubled_ledger_rows)
+        catch_up(client, audit, (ledger,), audit_table, audit_rows, *audit_at, broken)
+        broken_txns = {t.txn_id for t in client.list_transactions("ledger")
+                       if t.input_barrier > barrier}
+        assert broken_txns
+        reader = ConsistentReader(None, lake.target, retry_s=2)
+        read_tables = [debits, credits, ledger, audit_table]
+        seen = reader.snapshot(read_tables, consistency="topology")
+        assert seen.barrier_ts >= broken and seen.revised_ts == 0
+
+        with SnapshotWatcher(lake.target, (ledger, audit_table)) as watcher:
+            wait_for(lambda: len(watcher.reads) >= 4, 30, "reads before the revision")
+            reply = revise(client, ledger, barrier, "ledger release 2 doubled the amounts")
+            restore = {t.table: t.delta_version for t in reply.tables}
+            wait_for(lambda: any(v[audit_table] is not None
+                                 and v[audit_table] >= restore[audit_table]
+                                 for name, v in list(watcher.reads) if name == "topology"),
+                     30, "a topology read showing the restore")
+        assert not watcher.errors, watcher.errors
+        shown = watcher.restored_in(restore)
+        assert False in shown["topology"] and True in shown["topology"], shown
+
+        assert reply.derived and reply.writing_pipeline_id == "ledger"
+        assert reply.root_pipeline_id == "" and reply.root_batch_id == -1
+        assert [t.table for t in reply.tables] == [ledger, audit_table]
+        assert reply.tables[0].restored_version == at_barrier[ledger]
+        assert [(p.pipeline_id, p.generation, p.start_barrier) for p in reply.pipelines] == [
+            ("ledger", 1, barrier), ("audit", 1, barrier)]
+        assert client.pipeline("bank").generation == 0  # the root keeps running
+        assert table_totals(ledger, restore[ledger], absolute=True) == table_totals(
+            ledger, at_barrier[ledger], absolute=True)
+        # topology reads go back to B (up to the inputs' next change) and show the restore
+        at_b = client.call("GetSnapshot", pb.GetSnapshotRequest(
+            tables=[debits, credits, ledger, audit_table], consistency=pb.CONSISTENCY_TOPOLOGY))
+        assert barrier <= at_b.barrier_ts < next_change
+        assert at_b.revised_ts == reply.revision_ts
+        # a reader that read a later barrier follows the revision back, once (T2 after it)
+        back = reader.snapshot(read_tables, consistency="topology")
+        assert barrier <= back.barrier_ts < seen.barrier_ts
+        assert back.revised_ts == reply.revision_ts
+        assert back.versions[ledger] == restore[ledger]
+        assert [t.delta_version for t in at_b.tables[2:]] == [restore[ledger],
+                                                              restore[audit_table]]
+
+        # both re-read from B in their new generations (new checkpoints: batch ids from 0)
+        bank.ledger.register()
+        audit.register()
+        bank.ledger_after, bank.ledger_batch = barrier, 0
+        fixed = bank.catch_up(last_bank)
+        catch_up(client, audit, (ledger,), audit_table, audit_rows, barrier, 0, fixed)
+        changes = client.call("GetTableChanges", pb.GetTableChangesRequest(
+            table=ledger, after_barrier=barrier, upto_barrier=fixed))
+        fresh = {t.txn_id for t in client.list_transactions("ledger") if t.generation == 1}
+        assert changes.changes and {c.txn_id for c in changes.changes} <= fresh
+        assert not {c.txn_id for c in changes.changes} & broken_txns
+
+        check = client.call("GetSnapshot", pb.GetSnapshotRequest(
+            tables=[debits, credits, ledger, audit_table], consistency=pb.CONSISTENCY_TOPOLOGY))
+        assert check.barrier_ts >= fixed
+        versions = [t.delta_version if t.exists else None for t in check.tables]
+        d, c = table_totals(debits, versions[0]), table_totals(credits, versions[1])
+        led = table_totals(ledger, versions[2], absolute=True)
+        assert (led.rows, led.amount) == (d.rows + c.rows, d.amount + c.amount)
+        assert table_totals(audit_table, versions[3], absolute=True) == led
+        assert reader.snapshot(read_tables, consistency="topology").barrier_ts >= fixed
+        reader.close()
+
+
+def test_a_derived_revision_across_a_revision_of_its_input_is_refused(lake):
+    lake.start()
+    with lake.client() as client:
+        bank, barrier, _ = bank_to_revise(lake, client)
+        debits, _, ledger = bank.tables
+        revise(client, debits, barrier)
+        with pytest.raises(grpc.RpcError) as refused:
+            revise(client, ledger, barrier)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+        assert "would re-read it from the barrier" in refused.value.details()
+
+
+def test_revisions_are_refused_for_barriers_not_completed_or_not_global(
         lake):
     lake.start()
     with lake.client() as client:
@@ -334,7 +459,7 @@ def test_revisions_are_refused_for_derived_tables_and_barriers_not_completed_or_
         barrier = bank.catch_up(bank.bank_batch(0).commit_ts)
         versions = bank.latest_versions()
         cases = [
-            (ledger, barrier, "revising a derived table is not supported yet"),
+            (ledger, barrier + 1000 * (INTERVAL_MS << 18), "not completed"),
             (debits, barrier + 1, "not a global barrier"),
             (debits, barrier + 1000 * (INTERVAL_MS << 18), "not completed"),
         ]
@@ -451,8 +576,8 @@ def test_the_revise_command_prints_the_restore_and_the_offsets_to_restart_from(l
     text = capsys.readouterr().out
     assert printed["txn_id"] in text and '{"batch": 1}' in text and "generation 1" in text
     assert cli.main(["revise", "--target", lake.target, "--table", bank.tables[2],
-                     "--to-barrier", str(barrier)]) == 1
-    assert "not supported yet" in capsys.readouterr().err
+                     "--to-barrier", str(barrier)]) == 1  # its input was revised since
+    assert "would re-read it from the barrier" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- in-process refusals and offsets
@@ -550,3 +675,67 @@ def test_the_revise_barrier_is_an_oracle_timestamp_or_the_utc_time_topology_prin
     for bad in ("yesterday", "-5"):
         with pytest.raises(argparse.ArgumentTypeError):
             barrier_argument(bad)
+
+
+def test_a_topology_read_racing_a_derived_revision_answers_the_state_before_it(tmp_path):
+    """A derived revision commits between a topology read's completed barriers and its
+    versions: the read answers entirely as the index stood when it began (never the restore
+    at a barrier its inputs passed), and the next read answers the restore (T2 per answer,
+    T4)."""
+    import time
+
+    from coordinator.core.snapshots import Consistency
+
+    root = Path(os.path.realpath(tmp_path))
+    debits, ledger, audit = (f"file://{root}/{n}" for n in ("debits", "ledger", "audit"))
+    core = _core_with_lineage(tmp_path, {}, {}, applier=True)
+    core.register_reads("ledger", [debits], None)
+    core.register_reads("audit", [ledger], None)
+    after: dict[str, int | None] = {"ledger": None, "audit": None}
+    batches = {"bank": 0, "ledger": 0, "audit": 0}
+
+    def write(pipeline: str, table: str, ids: list[int]) -> int:
+        txn, _ = core.open_transaction(pipeline, batches[pipeline], tables=[table])
+        core.commit(txn.txn_id, None, [table], [TableWriteRecord(table, WriteMode.APPEND, (
+            _file(root / table.rsplit("/", 1)[1], txn.txn_id, ids),), SCHEMA)])
+        batches[pipeline] += 1
+        core.get_snapshot([table])  # applied
+        return core.get_transaction(txn.txn_id).commit_ts
+
+    def catch_up(pipeline: str, table: str, upto: int) -> int:
+        deadline = time.monotonic() + 30
+        while (after[pipeline] or 0) < upto:
+            assert time.monotonic() < deadline, f"{pipeline} did not reach {upto}"
+            plan = core.plan_barrier(pipeline, 0 if after[pipeline] is not None else None,
+                                     after[pipeline])
+            if plan.barrier == plan.after_barrier:
+                time.sleep(0.05)
+                continue
+            write(pipeline, table, [batches[pipeline]])
+            after[pipeline] = plan.barrier
+        return after[pipeline] or 0
+
+    barrier = catch_up("audit", audit, catch_up("ledger", ledger, write("bank", debits, [0])))
+    catch_up("audit", audit, catch_up("ledger", ledger, write("bank", debits, [1])))
+    tables = [debits, ledger, audit]
+    while core.get_snapshot(tables, consistency=Consistency.TOPOLOGY).snapshot_ts <= barrier:
+        time.sleep(0.05)
+    before = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
+    at_barrier = core.completion().version_at(ledger, barrier).delta_version
+    checked = core._check_not_pruned  # runs between the completed barriers and the versions
+
+    def revise_meanwhile(ts: int, what: str, floor: int | None = None) -> None:
+        core._check_not_pruned = checked
+        core.revise(ledger, barrier, "a release doubled the ledger")
+        checked(ts, what, floor)
+
+    core._check_not_pruned = revise_meanwhile
+    racing = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
+    assert core._check_not_pruned == checked, "the revision did not run inside the read"
+    assert (racing.snapshot_ts, racing.versions) == (before.snapshot_ts, before.versions)
+    restored = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
+    assert barrier <= restored.snapshot_ts < before.snapshot_ts
+    assert restored.versions[ledger] > before.versions[ledger]  # the restore commits
+    assert restored.versions[audit] > before.versions[audit]
+    assert _ids(root / "ledger", restored.versions[ledger]) == _ids(root / "ledger", at_barrier)
+    assert _ids(root / "ledger", before.versions[ledger]) != _ids(root / "ledger", at_barrier)

@@ -178,9 +178,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 6 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 7 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 6; this coordinator knows up to 5: "
+    with pytest.raises(StoreSchemaError, match="has schema 7; this coordinator knows up to 6: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -281,7 +281,7 @@ def test_a_failed_batch_leaves_no_token_or_acl_entry(store):
     assert store.load_tokens() == [] and store.load_acl() == []
 
 
-def test_sqlite_schema_1_is_migrated_to_5_keeping_its_records(tmp_path):
+def test_sqlite_schema_1_is_migrated_to_the_newest_keeping_its_records(tmp_path):
     import sqlite3
 
     from coordinator.store.sqlite import _SCHEMA
@@ -299,7 +299,7 @@ def test_sqlite_schema_1_is_migrated_to_5_keeping_its_records(tmp_path):
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 5
+                                   ).fetchone()[0] == 6
         assert store.get_txn("t1") == txn()  # principal "": opened without authentication
         assert store.load_tokens() == [] and store.load_acl() == []
         assert store.load_table_writers() == [] and store.load_read_edges() == []
@@ -486,6 +486,45 @@ def test_the_first_unapplied_input_barrier_of_a_table(store):
     assert store.first_unapplied_input_barrier("file:///w/a") is None
 
 
+def test_commits_a_revision_supersedes_are_no_change_and_no_version_by_input_barrier(store):
+    index_with_input_barriers(store)
+    store.set_table_commit_version("file:///w/a", 50, 4)
+    # a revision at 60 back to barrier 100: its restore row carries input barrier 100
+    store.add_table_commit(TableCommit("file:///w/a", 60, "rev", None, 100, restore=True))
+    assert store.supersede_table_commits("file:///w/a", 60, 100) == 2  # (30, 200), (50, 300)
+    assert store.supersede_table_commits("file:///w/a", 60, 100) == 0  # once
+    assert store.newest_supersession("file:///w/a") == 60
+    assert store.newest_supersession("file:///w/a", as_of_ts=59) == 0
+    assert store.newest_supersession("file:///w/b") == 0
+    assert store.table_commit_at("file:///w/a", 30).superseded_ts == 60
+    assert store.table_commit_at("file:///w/a", 60).restore is True
+    assert store.table_commit_at("file:///w/a", 20).superseded_ts == 0
+    assert store.table_commit_at("file:///w/b", 25).superseded_ts == 0  # another table
+    # changes: neither superseded rows nor the restore; versions: the restore
+    assert [c.commit_ts for c in store.table_commits_in_range(
+        "file:///w/a", 0, 999, by_input_barrier=True)] == [20]
+    assert store.first_table_commit_after("file:///w/a", 100, True) is None
+    assert store.table_commit_at_barrier("file:///w/a", 250, True).commit_ts == 60
+    assert store.table_commit_at_barrier("file:///w/a", 99, True) is None
+    assert store.first_unapplied_input_barrier("file:///w/a") == 100  # the restore's own
+    # as the index stood before the revision (one answer's view while it commits)
+    assert [c.commit_ts for c in store.table_commits_in_range(
+        "file:///w/a", 0, 999, by_input_barrier=True, as_of_ts=55)] == [20, 30, 50]
+    assert store.table_commit_at_barrier("file:///w/a", 250, True, as_of_ts=55).commit_ts == 30
+    assert store.first_table_commit_after("file:///w/a", 200, True, as_of_ts=55).commit_ts == 50
+    assert store.first_unapplied_input_barrier("file:///w/a", as_of_ts=55) is None
+    assert store.first_unapplied_input_barrier("file:///w/a", as_of_ts=60) == 100
+    # re-processed after the revision: input barriers from 100 up again, all live
+    store.add_table_commit(TableCommit("file:///w/a", 70, "t70", 5, 200))
+    assert [c.commit_ts for c in store.table_commits_in_range(
+        "file:///w/a", 100, 999, by_input_barrier=True)] == [70]
+    assert store.table_commit_at_barrier("file:///w/a", 250, True).commit_ts == 70
+    assert store.table_commit_at_barrier("file:///w/a", 250, True, as_of_ts=65).commit_ts == 60
+    # snapshots (by commit_ts) keep every row: time travel before the revision is unchanged
+    assert store.table_commit_at("file:///w/a", 55).commit_ts == 50
+    assert store.table_commit_at_barrier("file:///w/a", 55, False).commit_ts == 40  # live
+
+
 def test_last_input_barrier_counts_committed_attempts_of_the_generation(store):
     assert store.last_input_barrier("p", 0) == 0
     for txn_id, ts, state, barrier, generation in (
@@ -548,7 +587,7 @@ def test_a_lease_written_in_a_failed_batch_is_undone(store):
     assert store.load_leases() == []
 
 
-def test_sqlite_schema_4_is_migrated_to_5_keeping_its_records(tmp_path):
+def test_sqlite_schema_4_is_migrated_to_the_newest_keeping_its_records(tmp_path):
     import sqlite3
 
     from coordinator.store.schema import SQLITE_MIGRATIONS
@@ -573,13 +612,13 @@ def test_sqlite_schema_4_is_migrated_to_5_keeping_its_records(tmp_path):
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 5
+                                   ).fetchone()[0] == 6
         assert store.get_txn("t1") == txn()  # no input barrier, no source offsets
         pipeline = store.load_pipelines()[0]
         assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,
                 pipeline.plan_after, pipeline.plan_barrier) == (2, 0, -1, 0, 0)
         assert store.table_commit_at("file:///w/a", 20) == TableCommit("file:///w/a", 20, "t1",
-                                                                       3, 0)
+                                                                       3, 0, 0)
         assert store.load_leases() == []
     finally:
         store.close()

@@ -108,6 +108,7 @@ class Maintenance(CoreState):
         while not self._stop.is_set():
             with self._lock:
                 keep = frozenset(self._pending_cleanup) | frozenset(self._unfinished)
+            keep |= self.revisions_at_or_above(floor_ts)  # Revising's
             deleted_txns, deleted_rows = self.store.prune(cutoff_ms, floor_ts, chunk, keep)
             self.store.flush()
             txns += deleted_txns

@@ -72,14 +72,15 @@ class Pipelines(CoreState):
     def reset_pipeline(
         self, pipeline_id: str, reason: str, expected_generation: int | None,
         require_idle: bool = False, query_id: str | None = None,
-        start_barrier: int | None = None,
+        start_barrier: int | None = None, keep_plan: bool = True,
     ) -> tuple[PipelineRecord, bool, list[str]]:
         """Starts a new generation: live attempts aborted, epoch bumped, query id unbound (or
         bound to ``query_id`` at once, which may be a query id of an earlier generation).
 
         The new generation's percolake input starts at ``start_barrier`` (a revision's), by
         default where the pipeline's input stands: the last input barrier it committed, in any
-        generation (docs/topology.md).
+        generation (docs/topology.md). A plan of the next batch starting there stays with
+        ``keep_plan`` (a revision drops it: the inputs it was computed from changed).
 
         With ``require_idle`` it refuses while the current generation is active: a live
         transaction, or a commit within the transaction timeout.
@@ -122,7 +123,7 @@ class Pipelines(CoreState):
             ))
             pipeline.start_barrier = (self._input_start(current) if start_barrier is None
                                       else start_barrier)
-            if (current.plan_generation == current.generation
+            if (keep_plan and current.plan_generation == current.generation
                     and current.plan_after == pipeline.start_barrier):
                 # the planned next batch starts where the new generation does: its plan stays
                 # (a reset by a new checkpoint must not lose the input barrier of the batch

@@ -1,24 +1,33 @@
-"""Revision (docs/topology.md): a root table, with every table downstream of it, back to its
+"""Revision (docs/topology.md): a table, with every table downstream of it, back to its
 versions at a global barrier B, all-or-nothing for readers (T4).
 
 The restore is one coordinator transaction of the reserved pipeline ``percolake.revise``: an
 OVERWRITE of each affected table with the files of its version at B, committed at one
-commit_ts R. Snapshot readers see every affected table restored from R on; the downstream
-tables' index rows carry input barrier R, so topology readers see them restored from the
-first barrier >= R on, together with the root.
+commit_ts R. Snapshot readers see every affected table restored from R on.
 
-Affected tables: every table of the root table's writing pipeline (a root pipeline restarted
-from its source offsets at B writes them all again, so they all go back to B), and every table
-downstream of them. Affected pipelines, each started in a new generation (its drivers fenced,
-its query id unbound: each restarts on a new checkpoint): the root pipeline, which restarts
-from its source offsets at B (printed), and every pipeline reading an affected table, whose
-percolake input starts at R.
+Affected tables: every table of the revised table's writing pipeline W (W restarted at B
+writes them all again, so they all go back to B), and every table downstream of them. Affected
+pipelines, each started in a new generation (its drivers fenced, its query id unbound: each
+restarts on a new checkpoint): W and every pipeline reading an affected table.
+
+A root table (W reads no percolake table): W restarts from its source offsets at B (printed);
+the downstream pipelines' input starts at R and the downstream tables' index rows carry input
+barrier R, so topology readers see them restored from the first barrier >= R on, together with
+the root tables (whose changes are keyed by commit_ts).
+
+A derived table (W reads percolake tables, none of which is restored): W and the downstream
+pipelines re-read their inputs from B, so every affected table's index row carries input
+barrier B, and the rows it rolled back (input barriers above B, committed before R) are marked
+superseded by R in the same durable write: they are no change and no version at any barrier,
+so a re-reading pipeline never streams them and a topology read at G > B shows the restored
+state until the re-processing passes G. The affected tables' completed barriers go back to B
+(a reader that already saw a later one waits for the re-processing to complete it again).
 
 Durable steps and crashes. The transaction records what it is (table, barrier, reason,
 pipelines) as JSON in its ``source_offsets``. (1) Commit: durable, nothing applied; the
 transaction holds every affected table until applied, so no other write can land on one.
-(2) Resets: each affected pipeline's new generation, start barrier R (reset reason names the
-transaction: a reset already made is recognised and not repeated). (3) Roll-forward. Whoever
+(2) Resets: each affected pipeline's new generation, start barrier R or B (reset reason names
+the transaction: a reset already made is recognised and not repeated). (3) Roll-forward. Whoever
 applies a revision's table first (this call, a rerun, a waiting writer, the resolver after a
 restart) makes the resets first, so an old generation can never commit on a restored table.
 A rerun of the same command finds the newest revision; if it is of the same table and
@@ -74,9 +83,11 @@ class Revision:
     revision_ts: int
     tables: tuple[RevisedTable, ...]
     pipelines: tuple[RevisedPipeline, ...]
-    root_pipeline_id: str
+    root_pipeline_id: str  # "" for a derived table: no root restarts
     root_batch_id: int | None  # the root's batch of its version at the barrier (None: none)
     root_source_offsets: str
+    derived: bool  # the table is derived: its writer re-reads its inputs from the barrier
+    writing_pipeline_id: str  # the revised table's writer (the root pipeline of a root table)
 
 
 @dataclass(frozen=True)
@@ -86,18 +97,30 @@ class _Plan:
     table: str
     to_barrier: int
     reason: str
-    root_pipeline: str
-    tables: tuple[str, ...]  # root tables first
-    root_tables: tuple[str, ...]
-    pipelines: tuple[str, ...]  # the root pipeline first, then the downstream ones
+    root_pipeline: str  # the writing pipeline W of the revised table (a root one or not)
+    tables: tuple[str, ...]  # W's tables first
+    root_tables: tuple[str, ...]  # W's tables
+    pipelines: tuple[str, ...]  # W first, then the downstream ones
     restored: dict[str, int | None]  # table -> its version at the barrier
+    derived: bool = False  # W reads percolake tables (module doc)
 
     def to_json(self) -> str:
         return json.dumps({_REVISION_KEY: {
             "table": self.table, "to_barrier": self.to_barrier, "reason": self.reason,
             "root_pipeline": self.root_pipeline, "tables": list(self.tables),
             "root_tables": list(self.root_tables), "pipelines": list(self.pipelines),
-            "restored": self.restored}}, separators=(",", ":"))
+            "restored": self.restored, "derived": self.derived}}, separators=(",", ":"))
+
+    def start_barrier(self, revision_ts: int) -> int:
+        """Where the new generations' percolake input starts (module doc)."""
+        return self.to_barrier if self.derived else revision_ts
+
+    def input_barrier(self, table: str, revision_ts: int) -> int:
+        """The input barrier of the revision's index row of ``table`` (0: keyed by commit_ts,
+        W's tables of a root revision)."""
+        if self.derived:
+            return self.to_barrier
+        return 0 if table in self.root_tables else revision_ts
 
     @classmethod
     def of(cls, txn: TxnRecord) -> _Plan | None:
@@ -109,7 +132,7 @@ class _Plan:
             return None
         return cls(data["table"], data["to_barrier"], data["reason"], data["root_pipeline"],
                    tuple(data["tables"]), tuple(data["root_tables"]), tuple(data["pipelines"]),
-                   dict(data["restored"]))
+                   dict(data["restored"]), bool(data.get("derived", False)))
 
     def reset_reason(self, txn_id: str) -> str:
         why = f": {self.reason}" if self.reason else ""
@@ -120,12 +143,14 @@ class Revising(CoreState):
     """Revise."""
 
     def revise(self, table: str, to_barrier: int, reason: str = "") -> Revision:
-        """Restores ``table`` (a root table) and every table downstream of it to their
-        versions at global barrier ``to_barrier``; see the module doc.
+        """Restores ``table`` and every table downstream of it to their versions at global
+        barrier ``to_barrier``; see the module doc.
 
         Raises:
-            FailedPrecondition: a derived table, a barrier not global, not completed, below
-                the retention floor; a file of the version at the barrier is gone.
+            FailedPrecondition: a table no pipeline writes, a barrier not global, not
+                completed, below the retention floor; a file of the version at the barrier is
+                gone; a root revision restarting a pipeline that also reads an unaffected
+                table.
             Conflict: a table stayed held by a live transaction for --conflict-wait.
         """
         validation.check_non_negative("to_barrier", to_barrier)
@@ -149,13 +174,11 @@ class Revising(CoreState):
         view = self.completion()
         lineage = view.lineage
         root = lineage.writers.get(table)
-        if root is None:
+        if root is None or root == REVISE_PIPELINE:
             raise FailedPrecondition(f"table {table} has no writing pipeline: nothing to revise")
-        if root == REVISE_PIPELINE or not lineage.is_root(root):
-            raise FailedPrecondition(
-                f"table {table} is derived (pipeline {root!r} reads percolake tables): "
-                "revising a derived table is not supported yet; revise the root table it "
-                "comes from")
+        derived = not lineage.is_root(root)
+        if derived and barrier <= 0:
+            raise FailedPrecondition("a derived table is revised to a global barrier above 0")
         floor = self.store.retention_floor_ts()
         if barrier < floor:
             raise FailedPrecondition(
@@ -174,7 +197,10 @@ class Revising(CoreState):
                     if written not in tables:
                         tables.append(written)
                         frontier.append(written)
-        _check_inputs_all_restored(lineage, pipelines, tables)
+        if derived:  # its pipelines re-read every input they keep from B
+            self._check_kept_inputs_not_revised(lineage, [root, *pipelines], tables, barrier)
+        else:
+            _check_inputs_all_restored(lineage, pipelines, tables)
         restored: dict[str, int | None] = {}
         for name in tables:
             completed = view.completed(name)
@@ -188,9 +214,31 @@ class Revising(CoreState):
             if commit is not None and commit.delta_version is None:
                 raise FailedPrecondition(f"table {name}: its commit at barrier {barrier} is "
                                          "not applied yet; retry")
+            if table_layout(name) is None and self.store.table_commit_at(name, _NEWEST):
+                raise FailedPrecondition(f"table {name} has a commit not applied yet (no Delta "
+                                         "log so far); retry once it is applied")
             restored[name] = None if commit is None else commit.delta_version
         return _Plan(table, barrier, reason, root, tuple(tables), root_tables,
-                     (root, *sorted(pipelines)), restored)
+                     (root, *sorted(pipelines)), restored, derived)
+
+    def _check_kept_inputs_not_revised(self, lineage: Lineage, pipelines: list[str],
+                                       tables: list[str], barrier: int) -> None:
+        """Refuses a derived revision whose pipelines would re-read, from the barrier, an
+        input another revision restored since: its restore commit is no stream of appends."""
+        kept = {t for p in pipelines for t in lineage.reads_of(p)} - set(tables)
+        below = _NEWEST
+        while kept:
+            later = self.store.newest_commit_at_or_before(REVISE_PIPELINE, below)
+            if later is None or later.commit_ts <= barrier:
+                return
+            revised = sorted(kept.intersection(later.tables))
+            if revised:
+                raise FailedPrecondition(
+                    f"revision {later.txn_id} restored {revised[0]} after barrier {barrier}; "
+                    "the pipelines this revision restarts would re-read it from the barrier "
+                    "through that restore: revise to a barrier at or after it (not supported "
+                    "yet across a revision of an input)")
+            below = later.commit_ts - 1
 
     def _writes(self, plan: _Plan) -> list[TableWriteRecord]:
         """The OVERWRITE of each affected table with its files at the barrier (Delta reads,
@@ -270,7 +318,17 @@ class Revising(CoreState):
 
     def _commit_revision_locked(self, txn: TxnRecord, plan: _Plan) -> TxnRecord:
         """The commit point, under the lock: commit_ts R, the transaction's input barrier R,
-        the index rows of the downstream tables keyed at input barrier R."""
+        each written table's restore row at its input barrier (module doc) and, for a
+        derived revision, the rows it rolls back superseded, all in one durable write."""
+        floor = self.store.retention_floor_ts()
+        if plan.to_barrier < floor:
+            raise FailedPrecondition(f"barrier {plan.to_barrier} fell below the retention "
+                                     f"floor (timestamp {floor}) while the revision prepared")
+        for table in plan.tables:
+            if table not in txn.tables and self.store.table_commit_at(table, _NEWEST):
+                # no Delta log when planned, a commit since: it is not held, so retry
+                raise FailedPrecondition(f"table {table} got its first commit while the "
+                                         "revision prepared; run it again once it is applied")
         commit_ts = self.oracle.next()
         updated = txn.copy()
         check_transition(txn.state, TxnState.COMMITTED)
@@ -283,9 +341,11 @@ class Revising(CoreState):
         with self.store.batch():
             self.store.update_txn(updated)
             for table in updated.tables:
-                barrier = 0 if table in plan.root_tables else commit_ts
-                self.store.add_table_commit(TableCommit(table, commit_ts, txn.txn_id, None,
-                                                        input_barrier=barrier))
+                self.store.add_table_commit(TableCommit(
+                    table, commit_ts, txn.txn_id, None,
+                    input_barrier=plan.input_barrier(table, commit_ts), restore=True))
+            for table in plan.tables if plan.derived else ():
+                self.store.supersede_table_commits(table, commit_ts, plan.to_barrier)
             self.store.update_pipeline(pipeline)
         self._pipelines[REVISE_PIPELINE] = pipeline
         key = (REVISE_PIPELINE, txn.generation)
@@ -324,7 +384,8 @@ class Revising(CoreState):
         reason = plan.reset_reason(txn.txn_id)
         reset: list[RevisedPipeline] = []
         for pipeline_id in plan.pipelines:
-            record = self._revision_reset_of(pipeline_id, reason, txn.commit_ts)
+            record = self._revision_reset_of(pipeline_id, reason,
+                                             plan.start_barrier(txn.commit_ts))
             if record is not None:
                 reset.append(record)
         return reset
@@ -342,7 +403,8 @@ class Revising(CoreState):
                 return RevisedPipeline(pipeline_id, done.to_generation, start_barrier)
             try:
                 pipeline, _, _ = self.reset_pipeline(
-                    pipeline_id, reason, current.generation, start_barrier=start_barrier)
+                    pipeline_id, reason, current.generation, start_barrier=start_barrier,
+                    keep_plan=False)
             except FailedPrecondition:  # reset meanwhile (by a concurrent finisher): re-read
                 continue
             return RevisedPipeline(pipeline_id, pipeline.generation, start_barrier)
@@ -367,11 +429,12 @@ class Revising(CoreState):
         tables = tuple(RevisedTable(t, plan.restored.get(t),
                                     e.delta_version if (e := done.tables.get(t)) else None)
                        for t in plan.tables)
-        root_batch, offsets = self._root_offsets(plan)
+        root_batch, offsets = (None, "") if plan.derived else self._root_offsets(plan)
         log.warning("revision applied", extra={"txn_id": done.txn_id, "table": plan.table,
                                                "to_barrier": plan.to_barrier})
         return Revision(done.txn_id, done.commit_ts, tables, tuple(pipelines),
-                        plan.root_pipeline, root_batch, offsets)
+                        "" if plan.derived else plan.root_pipeline, root_batch, offsets,
+                        plan.derived, plan.root_pipeline)
 
     def _root_offsets(self, plan: _Plan) -> tuple[int | None, str]:
         """The root pipeline's newest batch committed at or before the barrier (whatever
@@ -382,16 +445,39 @@ class Revising(CoreState):
         barrier = plan.to_barrier
         while True:
             origin = self.store.newest_commit_at_or_before(plan.root_pipeline, barrier)
-            earlier = self.store.newest_commit_at_or_before(REVISE_PIPELINE, barrier)
-            undone = _Plan.of(earlier) if earlier is not None else None
-            if (undone is None or undone.root_pipeline != plan.root_pipeline
-                    or (origin is not None and origin.commit_ts > earlier.commit_ts)
-                    or undone.to_barrier >= barrier):
+            above = 0 if origin is None else origin.commit_ts
+            undone = self._newest_revision_of(plan.root_pipeline, barrier, above)
+            if undone is None or undone.to_barrier >= barrier:
                 break
             barrier = undone.to_barrier
         if origin is None:
             return None, ""
         return origin.batch_id, origin.source_offsets
+
+    def _newest_revision_of(self, root_pipeline: str, upto_ts: int,
+                            above_ts: int) -> _Plan | None:
+        """The plan of the newest root revision of ``root_pipeline`` committed in (above_ts,
+        upto_ts]; revisions of other tables in between are passed over."""
+        while upto_ts > above_ts:
+            earlier = self.store.newest_commit_at_or_before(REVISE_PIPELINE, upto_ts)
+            if earlier is None or earlier.commit_ts <= above_ts:
+                return None
+            plan = _Plan.of(earlier)
+            if plan is not None and not plan.derived and plan.root_pipeline == root_pipeline:
+                return plan
+            upto_ts = earlier.commit_ts - 1
+        return None
+
+    def revisions_at_or_above(self, floor_ts: int) -> frozenset[str]:
+        """The txn ids of every revision committed at or above ``floor_ts``: pruning keeps
+        them (refusals and root offsets read them for any barrier from the floor on)."""
+        found: set[str] = set()
+        below = _NEWEST
+        while (revision := self.store.newest_commit_at_or_before(REVISE_PIPELINE, below)) \
+                is not None and revision.commit_ts >= floor_ts:
+            found.add(revision.txn_id)
+            below = revision.commit_ts - 1
+        return frozenset(found)
 
 
 def _check_inputs_all_restored(lineage: Lineage, pipelines: list[str],

@@ -69,6 +69,7 @@ class CoordinatorConfig:
 class Snapshot:
     snapshot_ts: int
     versions: dict[str, int | None]  # canonical table -> Delta version (None: never written)
+    revised_ts: int = 0  # topology: the newest revision of a derived table among them (0: none)
 
 
 class CoreState:

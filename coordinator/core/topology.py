@@ -101,9 +101,10 @@ class Completion:
     timestamp: each table's completed barrier, each pipeline's last input barrier and the
     delays, every store read made at most once (memoised over the graph).
 
-    Reads run outside the core's lock: commits at or below ``now_ts`` are fixed (a commit_ts is
-    taken under the lock with its durable write), and whatever happens meanwhile (an apply, a
-    commit above ``now_ts``) only moves an answer forward or leaves it conservative.
+    Reads run outside the core's lock, of the snapshot index as it stood at ``now_ts``: commits
+    at or below it are fixed (a commit_ts is taken under the lock with its durable write), and
+    a revision committed meanwhile, which supersedes rows below it, is not seen yet; an apply
+    meanwhile only moves an answer forward or leaves it conservative.
     """
 
     def __init__(self, store: Store, lineage: Lineage,
@@ -145,21 +146,22 @@ class Completion:
             sources = self.lineage.reads_of(writer)
             result = downstream_completed_barrier(
                 last, [self.completed(s) for s in sources], self.first_change_after(sources, last),
-                self.store.first_unapplied_input_barrier(table), self.interval_ms)
+                self.store.first_unapplied_input_barrier(table, self.now_ts), self.interval_ms)
         self._completed[table] = result
         return result
 
     def first_change_after(self, tables: Iterable[str], after: int) -> int | None:
         """The oldest change barrier above ``after`` in any of ``tables``."""
-        found = [self.store.first_table_commit_after(t, after, self.is_downstream(t))
-                 for t in tables]
+        found = [self.store.first_table_commit_after(t, after, self.is_downstream(t),
+                                                     self.now_ts) for t in tables]
         barriers = [c.barrier(self.is_downstream(c.table)) for c in found if c is not None]
         return min(barriers, default=None)
 
     def version_at(self, table: str, barrier: int) -> TableCommit | None:
         """The table's newest commit at global barrier ``barrier``: by commit_ts for a root
         table, by input barrier for a downstream one."""
-        return self.store.table_commit_at_barrier(table, barrier, self.is_downstream(table))
+        return self.store.table_commit_at_barrier(table, barrier, self.is_downstream(table),
+                                                  self.now_ts)
 
     def delay_ms(self, table: str) -> int | None:
         completed = self.completed(table)
@@ -494,7 +496,8 @@ class Topology(CoreState):
                 "the rows before it are not read)")
         by_input = view.is_downstream(canonical)
         changes = []
-        for commit in self.store.table_commits_in_range(canonical, after, upto, by_input):
+        for commit in self.store.table_commits_in_range(canonical, after, upto, by_input,
+                                                        view.now_ts):
             assert commit.delta_version is not None, f"unapplied below completed: {commit}"
             changes.append(TableChange(commit.delta_version, commit.commit_ts,
                                        commit.barrier(by_input), commit.txn_id))

@@ -104,18 +104,15 @@ class Vacuuming(CoreState):
                  for lease in self.live_leases()  # Leases' (the core has both)
                  for leased, version in lease.tables if leased == table]
         completion = self.completion()  # Topology's
-        by_input = completion.is_downstream(table)
+        indexed = self.store.table_commit_at(table, completion.now_ts) is not None
         for pipeline in completion.lineage.readers_of(table):
             last = completion.last_input(pipeline)
-            version = _first_version(
-                completion.version_at(table, last),
-                self.store.first_table_commit_after(table, last, by_input))
+            version = _first_version(completion.version_at(table, last), indexed)
             if version is not None:
                 found.append(Protection(
                     f"pipeline {pipeline!r}'s range from barrier {last} (versions {version} "
                     "and later, not read yet)", f"pipeline {pipeline}", version, True))
-        version = _first_version(self.store.table_commit_at(table, floor),
-                                 self.store.first_table_commit_after(table, floor, False))
+        version = _first_version(self.store.table_commit_at(table, floor), indexed)
         if version is not None:
             when = time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                  time.gmtime(wall_ms_of(floor) / 1000))
@@ -140,14 +137,13 @@ class Vacuuming(CoreState):
             for txn, write in sorted(pending, key=lambda pair: pair[0].start_ts)]
 
 
-def _first_version(at: TableCommit | None, after: TableCommit | None) -> int | None:
+def _first_version(at: TableCommit | None, indexed: bool) -> int | None:
     """The first version a reader from some point on may read: the table's version at that
-    point, else its first commit after it; None when it has no commit a reader could reach.
-    0 (everything) when that commit is not applied yet."""
-    commit = at or after
-    if commit is None:
-        return None
-    return 0 if commit.delta_version is None else commit.delta_version
+    point; 0 (everything) when it is not applied yet or the table has none there but commits
+    after it (``indexed``); None when the table has no commit at all."""
+    if at is None:
+        return 0 if indexed else None
+    return 0 if at.delta_version is None else at.delta_version
 
 
 def _needed(lake: TableVacuum, protection: Protection, candidates: list[str]) -> list[str]:

@@ -53,6 +53,21 @@ class TableCommit:
     txn_id: str
     delta_version: int | None
     input_barrier: int = 0  # the committing transaction's (docs/topology.md); 0: a root's
+    # The commit_ts of the revision of a derived table that rolled this commit back (0: none):
+    # from then on it is no change and no version at any barrier.
+    superseded_ts: int = 0
+    restore: bool = False  # a revision's restore commit: a version of the table, no change
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "restore", bool(self.restore))  # SQLite answers 0/1
+
+    def live_at(self, as_of_ts: int | None) -> bool:
+        """Whether the commit is in the index as it stood at ``as_of_ts`` (None: now):
+        committed by then and not superseded by then."""
+        if as_of_ts is None:
+            return not self.superseded_ts
+        return self.commit_ts <= as_of_ts and (not self.superseded_ts
+                                                or self.superseded_ts > as_of_ts)
 
     def barrier(self, by_input_barrier: bool) -> int:
         """The barrier this commit changes its table at: its input barrier for a downstream
@@ -244,22 +259,26 @@ class Store(abc.ABC):
 
     # input barriers (docs/topology.md). ``by_input_barrier`` keys a commit by its input
     # barrier (a downstream table's changes) instead of its commit_ts (a root table's); keyed
-    # so, a commit with input barrier 0 is never found.
+    # so, a commit with input barrier 0 is never found. Only live commits are found
+    # (``TableCommit.live_at(as_of_ts)``): ``as_of_ts`` reads the index as it stood then, so an
+    # answer made of several reads sees one state even if a revision commits meanwhile.
+    # A "change" is a live commit that is not a revision's restore.
     @abc.abstractmethod
     def table_commits_in_range(self, table: str, after: int, upto: int,
-                               by_input_barrier: bool) -> list[TableCommit]:
-        """The commits to ``table`` whose key lies in (after, upto], in commit_ts order."""
+                               by_input_barrier: bool,
+                               as_of_ts: int | None = None) -> list[TableCommit]:
+        """The changes to ``table`` whose key lies in (after, upto], in commit_ts order."""
 
     @abc.abstractmethod
-    def table_commit_at_barrier(self, table: str, barrier: int,
-                                by_input_barrier: bool) -> TableCommit | None:
-        """The newest commit (by commit_ts) to ``table`` whose key is <= ``barrier`` (and,
-        keyed by input barrier, > 0): the table's version at that barrier."""
+    def table_commit_at_barrier(self, table: str, barrier: int, by_input_barrier: bool,
+                                as_of_ts: int | None = None) -> TableCommit | None:
+        """The newest live commit (by commit_ts) to ``table`` whose key is <= ``barrier``
+        (and, keyed by input barrier, > 0): the table's version at that barrier."""
 
     @abc.abstractmethod
-    def first_table_commit_after(self, table: str, after: int,
-                                 by_input_barrier: bool) -> TableCommit | None:
-        """The oldest commit (by commit_ts) to ``table`` whose key is > ``after``."""
+    def first_table_commit_after(self, table: str, after: int, by_input_barrier: bool,
+                                 as_of_ts: int | None = None) -> TableCommit | None:
+        """The oldest change (by commit_ts) to ``table`` whose key is > ``after``."""
 
     @abc.abstractmethod
     def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
@@ -273,8 +292,22 @@ class Store(abc.ABC):
         highest commit_ts <= ``max_commit_ts``; None if none (or it was pruned)."""
 
     @abc.abstractmethod
-    def first_unapplied_input_barrier(self, table: str) -> int | None:
-        """The lowest input barrier (> 0) of the table's unapplied commits, None if none."""
+    def first_unapplied_input_barrier(self, table: str,
+                                      as_of_ts: int | None = None) -> int | None:
+        """The lowest input barrier (> 0) of the table's live unapplied commits, None if
+        none."""
+
+    @abc.abstractmethod
+    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+        """The revision_ts of the newest revision (by ``as_of_ts``) that superseded commits of
+        the table; 0 if none did."""
+
+    @abc.abstractmethod
+    def supersede_table_commits(self, table: str, revision_ts: int,
+                                above_input_barrier: int) -> int:
+        """Marks the table's live commits with commit_ts < ``revision_ts`` and an input
+        barrier > ``above_input_barrier`` superseded by the revision committed at
+        ``revision_ts``; returns how many it marked."""
 
     # snapshot leases (docs/topology.md)
     @abc.abstractmethod

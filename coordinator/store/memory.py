@@ -226,22 +226,30 @@ class MemoryStore(Store):
         return [(c.barrier(by_input_barrier), c) for c in self._commits_of(table, 2**63)
                 if not by_input_barrier or c.input_barrier > 0]
 
-    def table_commits_in_range(self, table: str, after: int, upto: int,
-                               by_input_barrier: bool) -> list[TableCommit]:
-        with self._lock:
-            return [c for key, c in self._keyed(table, by_input_barrier) if after < key <= upto]
+    def _live(self, table: str, by_input_barrier: bool, as_of_ts: int | None,
+              changes: bool) -> list[tuple[int, TableCommit]]:
+        return [(key, c) for key, c in self._keyed(table, by_input_barrier)
+                if c.live_at(as_of_ts) and not (changes and c.restore)]
 
-    def table_commit_at_barrier(self, table: str, barrier: int,
-                                by_input_barrier: bool) -> TableCommit | None:
+    def table_commits_in_range(self, table: str, after: int, upto: int,
+                               by_input_barrier: bool,
+                               as_of_ts: int | None = None) -> list[TableCommit]:
         with self._lock:
-            found = [c for key, c in self._keyed(table, by_input_barrier) if key <= barrier]
+            return [c for key, c in self._live(table, by_input_barrier, as_of_ts, True)
+                    if after < key <= upto]
+
+    def table_commit_at_barrier(self, table: str, barrier: int, by_input_barrier: bool,
+                                as_of_ts: int | None = None) -> TableCommit | None:
+        with self._lock:
+            found = [c for key, c in self._live(table, by_input_barrier, as_of_ts, False)
+                     if key <= barrier]
             return found[-1] if found else None
 
-    def first_table_commit_after(self, table: str, after: int,
-                                 by_input_barrier: bool) -> TableCommit | None:
+    def first_table_commit_after(self, table: str, after: int, by_input_barrier: bool,
+                                 as_of_ts: int | None = None) -> TableCommit | None:
         with self._lock:
-            return next((c for key, c in self._keyed(table, by_input_barrier) if key > after),
-                        None)
+            return next((c for key, c in self._live(table, by_input_barrier, as_of_ts, True)
+                         if key > after), None)
 
     def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
         with self._lock:
@@ -255,11 +263,29 @@ class MemoryStore(Store):
                         and t.state in COMMITTED_STATES and 0 < t.commit_ts <= max_commit_ts),
                        key=lambda t: t.commit_ts, default=None)
 
-    def first_unapplied_input_barrier(self, table: str) -> int | None:
+    def first_unapplied_input_barrier(self, table: str,
+                                      as_of_ts: int | None = None) -> int | None:
         with self._lock:
             return min((c.input_barrier for c in self._table_commits.values()
                         if c.table == table and c.delta_version is None
-                        and c.input_barrier > 0), default=None)
+                        and c.input_barrier > 0 and c.live_at(as_of_ts)), default=None)
+
+    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+        with self._lock:
+            return max((c.superseded_ts for c in self._table_commits.values()
+                        if c.table == table and c.superseded_ts
+                        and (as_of_ts is None or c.superseded_ts <= as_of_ts)), default=0)
+
+    def supersede_table_commits(self, table: str, revision_ts: int,
+                                above_input_barrier: int) -> int:
+        with self._lock:
+            doomed = [key for key, c in self._table_commits.items()
+                      if c.table == table and c.commit_ts < revision_ts and not c.superseded_ts
+                      and c.input_barrier > above_input_barrier]
+            for key in doomed:
+                self._table_commits[key] = dataclasses.replace(
+                    self._table_commits[key], superseded_ts=revision_ts)
+            return len(doomed)
 
     def insert_lease(self, lease: LeaseRecord) -> None:
         with self._lock:

@@ -55,6 +55,7 @@ from coordinator.store.schema import (
     SELECT_TXN,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
+    live_clauses,
     migrate_postgres,
 )
 from percolake.errors import NotLeader, StoreConflict, StoreUnavailable
@@ -69,10 +70,12 @@ _READ_LEASE = ("SELECT holder, epoch, address, "
                "FROM leader_lease WHERE id = 1")
 _INDEX_VIEW = """
 SELECT (SELECT value FROM meta WHERE key = 'retention_floor_ts'),
-       c.table_uri, c.commit_ts, c.txn_id, c.delta_version, c.input_barrier
+       c.table_uri, c.commit_ts, c.txn_id, c.delta_version, c.input_barrier, c.superseded_ts,
+       c.restore
 FROM unnest(%s::text[]) WITH ORDINALITY AS u(uri, ord)
 LEFT JOIN LATERAL (
-    SELECT table_uri, commit_ts, txn_id, delta_version, input_barrier FROM table_commits
+    SELECT table_uri, commit_ts, txn_id, delta_version, input_barrier, superseded_ts, restore
+    FROM table_commits
     WHERE table_uri = u.uri AND commit_ts <= %s ORDER BY commit_ts DESC LIMIT 1) AS c ON true
 ORDER BY u.ord"""
 _TABLES_INDEXED = """
@@ -447,10 +450,10 @@ class PostgresStore(Store):
 
     def add_table_commit(self, commit: TableCommit) -> None:
         count = self._write(
-            f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) VALUES (%s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING",
+            f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version,
-             commit.input_barrier))
+             commit.input_barrier, commit.superseded_ts, commit.restore))
         if count != 1:
             raise StoreConflict(f"table commit {commit} exists")
 
@@ -488,31 +491,36 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ input barriers
 
     def _commits_where(self, table: str, condition: str, params: tuple,
-                       by_input_barrier: bool, tail: str) -> list[TableCommit]:
-        """Commits to ``table`` meeting ``condition`` on the key column ``k`` (see ``Store``):
-        keyed by input barrier, rows without one are left out."""
+                       by_input_barrier: bool, tail: str, as_of_ts: int | None,
+                       changes: bool) -> list[TableCommit]:
+        """Live commits to ``table`` meeting ``condition`` on the key column ``k`` (see
+        ``Store``): keyed by input barrier, rows without one are left out."""
         key = "input_barrier" if by_input_barrier else "commit_ts"
-        without = " AND input_barrier > 0" if by_input_barrier else ""
+        clauses = [condition.format(k=key),
+                   *live_clauses(by_input_barrier, as_of_ts, changes, "%s")]
+        if as_of_ts is not None:
+            params = (*params, as_of_ts, as_of_ts)
         rows = self._read(
             f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits WHERE table_uri = %s "
-            f"AND {condition.format(k=key)}{without} {tail}", (table, *params))
+            f"AND {' AND '.join(clauses)} {tail}", (table, *params))
         return [TableCommit(*r) for r in rows]
 
     def table_commits_in_range(self, table: str, after: int, upto: int,
-                               by_input_barrier: bool) -> list[TableCommit]:
+                               by_input_barrier: bool,
+                               as_of_ts: int | None = None) -> list[TableCommit]:
         return self._commits_where(table, "{k} > %s AND {k} <= %s", (after, upto),
-                                   by_input_barrier, "ORDER BY commit_ts")
+                                   by_input_barrier, "ORDER BY commit_ts", as_of_ts, True)
 
-    def table_commit_at_barrier(self, table: str, barrier: int,
-                                by_input_barrier: bool) -> TableCommit | None:
+    def table_commit_at_barrier(self, table: str, barrier: int, by_input_barrier: bool,
+                                as_of_ts: int | None = None) -> TableCommit | None:
         found = self._commits_where(table, "{k} <= %s", (barrier,), by_input_barrier,
-                                    "ORDER BY commit_ts DESC LIMIT 1")
+                                    "ORDER BY commit_ts DESC LIMIT 1", as_of_ts, False)
         return found[0] if found else None
 
-    def first_table_commit_after(self, table: str, after: int,
-                                 by_input_barrier: bool) -> TableCommit | None:
+    def first_table_commit_after(self, table: str, after: int, by_input_barrier: bool,
+                                 as_of_ts: int | None = None) -> TableCommit | None:
         found = self._commits_where(table, "{k} > %s", (after,), by_input_barrier,
-                                    "ORDER BY commit_ts LIMIT 1")
+                                    "ORDER BY commit_ts LIMIT 1", as_of_ts, True)
         return found[0] if found else None
 
     def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
@@ -530,11 +538,28 @@ class PostgresStore(Store):
                            "ORDER BY commit_ts DESC LIMIT 1")
         return found[0] if found else None
 
-    def first_unapplied_input_barrier(self, table: str) -> int | None:
+    def first_unapplied_input_barrier(self, table: str,
+                                      as_of_ts: int | None = None) -> int | None:
+        clauses = " AND ".join(live_clauses(True, as_of_ts, False, "%s"))
         rows = self._read(
             "SELECT MIN(input_barrier) FROM table_commits WHERE table_uri = %s "
-            "AND delta_version IS NULL AND input_barrier > 0", (table,))
+            f"AND delta_version IS NULL AND {clauses}",
+            (table,) if as_of_ts is None else (table, as_of_ts, as_of_ts))
         return rows[0][0]
+
+    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+        rows = self._read(
+            "SELECT MAX(superseded_ts) FROM table_commits WHERE table_uri = %s "
+            "AND superseded_ts > 0 AND superseded_ts <= %s",
+            (table, (1 << 63) - 1 if as_of_ts is None else as_of_ts))
+        return rows[0][0] or 0
+
+    def supersede_table_commits(self, table: str, revision_ts: int,
+                                above_input_barrier: int) -> int:
+        return self._write(
+            "UPDATE table_commits SET superseded_ts = %s WHERE table_uri = %s "
+            "AND commit_ts < %s AND input_barrier > %s AND superseded_ts = 0",
+            (revision_ts, table, revision_ts, above_input_barrier))
 
     # ------------------------------------------------------------------ snapshot leases
 

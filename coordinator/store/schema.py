@@ -6,7 +6,9 @@ tables as SQLite's), version 2 adds the leader lease, version 3 the security rec
 ACL entries, the principal of each transaction), version 4 the lineage (each table's owning
 pipeline, the tables each pipeline reads), version 5 the input barriers (of transactions and
 snapshot-index rows), source offsets, the pipelines' input starts and remembered plans, and the
-snapshot leases; SQLite's goes from 1 to 3 to 4 to 5. Two processes
+snapshot leases, version 6 the snapshot-index rows a revision superseded and its restore rows;
+SQLite's goes
+from 1 to 3 to 4 to 5 to 6. Two processes
 creating or migrating the same database at once take turns on an advisory lock.
 """
 
@@ -31,8 +33,25 @@ PIPELINE_COLUMNS = (
     "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
     "row_version", "start_barrier", "plan_generation", "plan_after", "plan_barrier",
 )
-TABLE_COMMIT_COLUMNS = "table_uri, commit_ts, txn_id, delta_version, input_barrier"
+TABLE_COMMIT_COLUMNS = (
+    "table_uri, commit_ts, txn_id, delta_version, input_barrier, superseded_ts, restore")
 SELECT_TXN = f"SELECT {', '.join(TXN_COLUMNS)} FROM transactions"
+
+def live_clauses(by_input_barrier: bool, as_of_ts: int | None, changes: bool,
+                 placeholder: str) -> list[str]:
+    """The SQL conditions of ``TableCommit.live_at`` (two ``placeholder`` parameters, both
+    ``as_of_ts``, when it is given), keyed by input barrier those without one left out, and
+    for changes the restores left out (``Store``'s input-barrier queries)."""
+    clauses = ["input_barrier > 0"] if by_input_barrier else []
+    if as_of_ts is None:
+        clauses.append("superseded_ts = 0")
+    else:
+        clauses.append(f"commit_ts <= {placeholder} AND (superseded_ts = 0 "
+                       f"OR superseded_ts > {placeholder})")
+    if changes:
+        clauses.append("NOT restore")
+    return clauses
+
 
 MIGRATION_LOCK = 0x7065_7263_6F6C_616B  # "percolak": pg_advisory_xact_lock key (a bigint)
 
@@ -157,6 +176,14 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
             principal TEXT NOT NULL DEFAULT '')""",
         "CREATE INDEX transactions_by_pipeline_commit ON transactions (pipeline_id, commit_ts)",
     )),
+    Migration(6, (
+        # A revision of a derived table supersedes the rows it rolled back; a revision's rows
+        # are versions, never changes (docs/topology.md).
+        "ALTER TABLE table_commits ADD COLUMN superseded_ts BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE table_commits ADD COLUMN restore BOOLEAN NOT NULL DEFAULT false",
+        "CREATE INDEX table_commits_superseded ON table_commits (table_uri, superseded_ts) "
+        "WHERE superseded_ts > 0",
+    )),
 )
 
 # SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
@@ -213,6 +240,12 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
             expires_ms INTEGER NOT NULL,
             principal TEXT NOT NULL DEFAULT '')""",
         "CREATE INDEX transactions_by_pipeline_commit ON transactions (pipeline_id, commit_ts)",
+    )),
+    Migration(6, (
+        "ALTER TABLE table_commits ADD COLUMN superseded_ts INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE table_commits ADD COLUMN restore INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX table_commits_superseded ON table_commits (table_uri, superseded_ts) "
+        "WHERE superseded_ts > 0",
     )),
 )
 

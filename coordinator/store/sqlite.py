@@ -39,6 +39,7 @@ from coordinator.store.schema import (
     SQLITE_MIGRATIONS,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
+    live_clauses,
     refuse_newer,
 )
 from percolake.errors import StoreConflict
@@ -353,9 +354,9 @@ class SqliteStore(Store):
     def add_table_commit(self, commit: TableCommit) -> None:
         try:
             self._write(
-                f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (commit.table, commit.commit_ts, commit.txn_id, commit.delta_version,
-                 commit.input_barrier),
+                 commit.input_barrier, commit.superseded_ts, int(commit.restore)),
             )
         except sqlite3.IntegrityError as exc:
             raise StoreConflict(f"table commit {commit} exists") from exc
@@ -409,34 +410,39 @@ class SqliteStore(Store):
         return "input_barrier" if by_input_barrier else "commit_ts"
 
     def _commits_where(self, table: str, condition: str, params: tuple,
-                       by_input_barrier: bool, tail: str) -> list[TableCommit]:
-        without = " AND input_barrier > 0" if by_input_barrier else ""
+                       by_input_barrier: bool, tail: str, as_of_ts: int | None,
+                       changes: bool) -> list[TableCommit]:
+        clauses = [condition, *live_clauses(by_input_barrier, as_of_ts, changes, "?")]
+        if as_of_ts is not None:
+            params = (*params, as_of_ts, as_of_ts)
         rows = self._read(
             f"SELECT {TABLE_COMMIT_COLUMNS} FROM table_commits WHERE table_uri = ? "
-            f"AND {condition}{without} {tail}", (table, *params))
+            f"AND {' AND '.join(clauses)} {tail}", (table, *params))
         return [TableCommit(*r) for r in rows]
 
     def table_commits_in_range(self, table: str, after: int, upto: int,
-                               by_input_barrier: bool) -> list[TableCommit]:
+                               by_input_barrier: bool,
+                               as_of_ts: int | None = None) -> list[TableCommit]:
         key = self._key(by_input_barrier)
         return self._commits_where(table, f"{key} > ? AND {key} <= ?", (after, upto),
-                                   by_input_barrier, "ORDER BY commit_ts")
+                                   by_input_barrier, "ORDER BY commit_ts", as_of_ts, True)
 
-    def table_commit_at_barrier(self, table: str, barrier: int,
-                                by_input_barrier: bool) -> TableCommit | None:
+    def table_commit_at_barrier(self, table: str, barrier: int, by_input_barrier: bool,
+                                as_of_ts: int | None = None) -> TableCommit | None:
         # "+": not the input-barrier index (every row <= barrier, then sorted) but the primary
         # key from the newest commit down, stopping at the first match (a barrier is nearly
         # always recent; in a generation, input barriers rise with commit_ts)
-        condition = "+input_barrier <= ? AND +input_barrier > 0" if by_input_barrier \
-            else "commit_ts <= ?"
+        condition = ("+input_barrier <= ? AND +input_barrier > 0" if by_input_barrier
+                     else "commit_ts <= ?")
         found = self._commits_where(table, condition, (barrier,), False,
-                                    "ORDER BY commit_ts DESC LIMIT 1")
+                                    "ORDER BY commit_ts DESC LIMIT 1", as_of_ts, False)
         return found[0] if found else None
 
-    def first_table_commit_after(self, table: str, after: int,
-                                 by_input_barrier: bool) -> TableCommit | None:
+    def first_table_commit_after(self, table: str, after: int, by_input_barrier: bool,
+                                 as_of_ts: int | None = None) -> TableCommit | None:
         found = self._commits_where(table, f"{self._key(by_input_barrier)} > ?", (after,),
-                                    by_input_barrier, "ORDER BY commit_ts LIMIT 1")
+                                    by_input_barrier, "ORDER BY commit_ts LIMIT 1", as_of_ts,
+                                    True)
         return found[0] if found else None
 
     def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
@@ -454,11 +460,28 @@ class SqliteStore(Store):
                            "ORDER BY commit_ts DESC LIMIT 1")
         return found[0] if found else None
 
-    def first_unapplied_input_barrier(self, table: str) -> int | None:
+    def first_unapplied_input_barrier(self, table: str,
+                                      as_of_ts: int | None = None) -> int | None:
+        clauses = " AND ".join(live_clauses(True, as_of_ts, False, "?"))
         rows = self._read(
             "SELECT MIN(input_barrier) FROM table_commits WHERE table_uri = ? "
-            "AND delta_version IS NULL AND input_barrier > 0", (table,))
+            f"AND delta_version IS NULL AND {clauses}",
+            (table,) if as_of_ts is None else (table, as_of_ts, as_of_ts))
         return rows[0][0]
+
+    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+        rows = self._read(
+            "SELECT MAX(superseded_ts) FROM table_commits WHERE table_uri = ? "
+            "AND superseded_ts > 0 AND superseded_ts <= ?",
+            (table, (1 << 63) - 1 if as_of_ts is None else as_of_ts))
+        return rows[0][0] or 0
+
+    def supersede_table_commits(self, table: str, revision_ts: int,
+                                above_input_barrier: int) -> int:
+        return self._write(
+            "UPDATE table_commits SET superseded_ts = ? WHERE table_uri = ? AND commit_ts < ? "
+            "AND input_barrier > ? AND superseded_ts = 0",
+            (revision_ts, table, revision_ts, above_input_barrier))
 
     def insert_lease(self, lease: LeaseRecord) -> None:
         try:

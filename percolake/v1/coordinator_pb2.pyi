@@ -484,18 +484,20 @@ class TableVersion(_message.Message):
     def __init__(self, table: _Optional[str] = ..., canonical_table: _Optional[str] = ..., exists: _Optional[bool] = ..., delta_version: _Optional[int] = ...) -> None: ...
 
 class GetSnapshotResponse(_message.Message):
-    __slots__ = ("snapshot_ts", "tables", "consistency", "barrier_ts", "lease")
+    __slots__ = ("snapshot_ts", "tables", "consistency", "barrier_ts", "lease", "revised_ts")
     SNAPSHOT_TS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
     BARRIER_TS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    REVISED_TS_FIELD_NUMBER: _ClassVar[int]
     snapshot_ts: int
     tables: _containers.RepeatedCompositeFieldContainer[TableVersion]
     consistency: Consistency
     barrier_ts: int
     lease: Lease
-    def __init__(self, snapshot_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableVersion, _Mapping]]] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., barrier_ts: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+    revised_ts: int
+    def __init__(self, snapshot_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableVersion, _Mapping]]] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., barrier_ts: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., revised_ts: _Optional[int] = ...) -> None: ...
 
 class GetPipelineRequest(_message.Message):
     __slots__ = ("pipeline_id",)
@@ -886,7 +888,7 @@ class RevisedPipeline(_message.Message):
     def __init__(self, pipeline_id: _Optional[str] = ..., generation: _Optional[int] = ..., start_barrier: _Optional[int] = ...) -> None: ...
 
 class ReviseResponse(_message.Message):
-    __slots__ = ("txn_id", "revision_ts", "tables", "pipelines", "root_pipeline_id", "root_batch_id", "root_source_offsets")
+    __slots__ = ("txn_id", "revision_ts", "tables", "pipelines", "root_pipeline_id", "root_batch_id", "root_source_offsets", "derived", "writing_pipeline_id")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_TS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
@@ -894,6 +896,8 @@ class ReviseResponse(_message.Message):
     ROOT_PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_SOURCE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DERIVED_FIELD_NUMBER: _ClassVar[int]
+    WRITING_PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
     txn_id: str
     revision_ts: int
     tables: _containers.RepeatedCompositeFieldContainer[RevisedTable]
@@ -901,4 +905,6 @@ class ReviseResponse(_message.Message):
     root_pipeline_id: str
     root_batch_id: int
     root_source_offsets: str
-    def __init__(self, txn_id: _Optional[str] = ..., revision_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[RevisedTable, _Mapping]]] = ..., pipelines: _Optional[_Iterable[_Union[RevisedPipeline, _Mapping]]] = ..., root_pipeline_id: _Optional[str] = ..., root_batch_id: _Optional[int] = ..., root_source_offsets: _Optional[str] = ...) -> None: ...
+    derived: bool
+    writing_pipeline_id: str
+    def __init__(self, txn_id: _Optional[str] = ..., revision_ts: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[RevisedTable, _Mapping]]] = ..., pipelines: _Optional[_Iterable[_Union[RevisedPipeline, _Mapping]]] = ..., root_pipeline_id: _Optional[str] = ..., root_batch_id: _Optional[int] = ..., root_source_offsets: _Optional[str] = ..., derived: _Optional[bool] = ..., writing_pipeline_id: _Optional[str] = ...) -> None: ...
