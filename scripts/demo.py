@@ -74,6 +74,7 @@ LEDGER_WAYS = {"naive (read_committed)": "read_committed", "snapshot": "snapshot
 OPENING_BALANCE = 1_000
 # Both readers read debits, then credits this long after: reading a real table takes time.
 READ_GAP_S = 0.25
+FIRST_BATCH_TIMEOUT_S = 600  # Spark's start and the bank's first batch, at most
 
 
 def say(message: str) -> None:
@@ -239,16 +240,21 @@ def start_ledger(spark, target: str, lake: str, work: Path):  # noqa: ANN001, AN
     return query, signal
 
 
-def wait_ledger_caught_up(readers: LedgerReaders, timeout_s: float = 90) -> bool:
+def wait_ledger_caught_up(readers: LedgerReaders, stalled_s: float = 90) -> bool:
     """After the bank stopped: waits until a topology read shows every debit and the check
-    holds (the ledger derived everything the bank wrote)."""
-    deadline = time.monotonic() + timeout_s
+    holds (the ledger derived everything the bank wrote); gives up once topology reads showed
+    no new debit for ``stalled_s`` (a slow ledger, e.g. on a busy cluster, is waited for)."""
+    deadline = time.monotonic() + stalled_s
+    shown: tuple[int, int] | None = None  # the debits the newest topology read showed
     while time.monotonic() < deadline:
         naive = readers.reader.snapshot(readers.tables[:1], consistency="read_committed")
         wanted = table_totals(readers.tables[0], naive.versions[readers.tables[0]])
-        if readers.read("topology") and readers.last_topology \
-                and readers.last_topology[1] == wanted:
+        holds = readers.read("topology")
+        if holds and readers.last_topology and readers.last_topology[1] == wanted:
             return True
+        if readers.last_topology and readers.last_topology[1] != shown:
+            shown = readers.last_topology[1]
+            deadline = time.monotonic() + stalled_s
         time.sleep(0.5)
     return False
 
@@ -415,7 +421,9 @@ def duplicated_rows(snap, table: str) -> int:  # noqa: ANN001
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=60, help="how long the job streams")
+    parser.add_argument("--seconds", type=float, default=60,
+                        help="how long the two jobs stream side by side (counted from the "
+                             "bank's first batch, when the ledger starts)")
     parser.add_argument("--rows-per-batch", type=int, default=40, help="transfers per batch")
     parser.add_argument("--keep", action="store_true", help="keep the data and tables")
     parser.add_argument("--s3", action="store_true",
@@ -497,15 +505,20 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
     readers.start()
     ledger_readers = LedgerReaders(spark, target, lake)
     ledger_query = ledger_signal = None
-    started = time.monotonic()
-    kill_at = started + args.seconds / 2 if pair else float("inf")
+    # --seconds counts from the bank's first batch, when the ledger starts: both jobs stream
+    # side by side that long, however long Spark took to start (a cluster's executors, S3 jars)
+    first_batch_by = time.monotonic() + FIRST_BATCH_TIMEOUT_S
+    streaming_until = kill_at = float("inf")
     killed_at: float | None = None
     takeover_s: float | None = None
     batch_after_kill: tuple[int, float] | None = None
-    next_report = started + 5
+    next_report = time.monotonic() + 5
     try:
-        while time.monotonic() - started < args.seconds and query.isActive:
-            time.sleep(max(0.0, min(next_report, kill_at) - time.monotonic()))
+        while time.monotonic() < min(streaming_until, first_batch_by) and query.isActive:
+            wake = min(next_report, kill_at, streaming_until)
+            if ledger_query is None:
+                wake = min(wake, time.monotonic() + 0.5)
+            time.sleep(max(0.0, wake - time.monotonic()))
             if pair and killed_at is None and time.monotonic() >= kill_at:
                 killed_at = time.monotonic()
                 takeover_s = pair.fail_over()
@@ -518,8 +531,12 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
             if ledger_query is None and signal.done:  # debits and credits exist now
                 ledger_query, ledger_signal = start_ledger(spark, target, lake, work)
                 ledger_readers.start()
+                streaming_since = time.monotonic()
+                streaming_until, first_batch_by = streaming_since + args.seconds, float("inf")
+                if pair:
+                    kill_at = streaming_since + args.seconds / 2
                 say("ledger started: a second streaming query reading debits and credits "
-                    "through the percolake source")
+                    f"through the percolake source; both jobs stream for {args.seconds:g} s")
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + 5
                 progress = query.lastProgress or {}

@@ -39,6 +39,7 @@ from tests.topology_support import (
     LightPipeline,
     TopologyLake,
     changed_rows,
+    completed_barrier,
     crashed_call,
     finish,
     ledger_rows,
@@ -303,6 +304,16 @@ def test_a_revision_restores_every_affected_table_in_one_commit_and_starts_new_g
         older = client.call("GetSnapshot", pb.GetSnapshotRequest(
             tables=list(tables), as_of_ts=reply.revision_ts - 1))
         assert {t.table: t.delta_version for t in older.tables} == before
+        # a reader whose range holds the restore (a new pipeline from 0) is told to start after
+        wait_for(lambda: (completed_barrier(client, debits) or 0) > reply.revision_ts, 30,
+                 "debits completing a barrier above the revision")
+        with pytest.raises(grpc.RpcError) as crossing:
+            client.call("GetTableChanges", pb.GetTableChangesRequest(
+                table=debits, after_barrier=0,
+                upto_barrier=completed_barrier(client, debits)))
+        assert crossing.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"restored by revision {reply.txn_id}" in crossing.value.details()
+        assert f"--start-barrier {reply.revision_ts}" in crossing.value.details()
 
         # bank and ledger start new generations at the revision; the root's offsets of batch 1
         assert [(p.pipeline_id, p.generation, p.start_barrier) for p in reply.pipelines] == [
@@ -546,7 +557,9 @@ def test_a_crash_in_a_revision_is_finished_by_running_it_again(lake, failpoint):
     lake.restart()
     with lake.client() as client:
         bank.client = client
-        # a reader rolls the revision forward first: its resets are made before any apply
+        # a restarted coordinator makes a committed revision's resets before any request
+        assert client.pipeline("ledger").generation == client.pipeline("bank").generation == 1
+        # a reader rolls the revision forward
         assert client.snapshot(list(tables)).tables[2].delta_version > at_barrier[ledger]
         assert client.pipeline("ledger").generation == client.pipeline("bank").generation == 1
         reply = revise(client, debits, barrier)  # the same command again
@@ -739,3 +752,52 @@ def test_a_topology_read_racing_a_derived_revision_answers_the_state_before_it(t
     assert restored.versions[audit] > before.versions[audit]
     assert _ids(root / "ledger", restored.versions[ledger]) == _ids(root / "ledger", at_barrier)
     assert _ids(root / "ledger", before.versions[ledger]) != _ids(root / "ledger", at_barrier)
+
+
+def test_a_topology_read_between_a_revisions_commit_and_its_resets_makes_the_resets(tmp_path):
+    """The revision's index is visible from its commit on, its new generations only from its
+    resets: a topology read in between makes the resets first, so it never pairs the restore
+    with the old generations' completed barriers (T2)."""
+    import time
+
+    from coordinator.core.snapshots import Consistency
+
+    root = Path(os.path.realpath(tmp_path))
+    debits, ledger = (f"file://{root}/{n}" for n in ("debits", "ledger"))
+    core = _core_with_lineage(tmp_path, {}, {}, applier=True)
+    core.register_reads("ledger", [debits], None)
+    batch = {"bank": 0, "ledger": 0}
+
+    def write(pipeline: str, table: str) -> int:
+        txn, _ = core.open_transaction(pipeline, batch[pipeline], tables=[table])
+        core.commit(txn.txn_id, None, [table], [TableWriteRecord(table, WriteMode.APPEND, (
+            _file(root / table.rsplit("/", 1)[1], txn.txn_id, [batch[pipeline]]),), SCHEMA)])
+        batch[pipeline] += 1
+        core.get_snapshot([table])
+        return core.get_transaction(txn.txn_id).commit_ts
+
+    def ledger_reads(upto: int, after: int | None) -> int:
+        while (after or 0) < upto:
+            plan = core.plan_barrier("ledger", 0 if after is not None else None, after)
+            if plan.barrier == plan.after_barrier:
+                time.sleep(0.05)
+                continue
+            write("ledger", ledger)
+            after = plan.barrier
+        return after
+
+    barrier = ledger_reads(write("bank", debits), None)
+    ledger_reads(write("bank", debits), barrier)
+    tables = [debits, ledger]
+    before = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
+    assert before.snapshot_ts > barrier
+    txn = core._commit_revision(core._plan_revision(ledger, barrier, "a bad release"))
+    assert core.get_pipeline("ledger").generation == 0  # committed, not reset yet
+    read = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
+    assert core.get_pipeline("ledger").generation == 1  # the read made the resets
+    # back at B (below it while the restore is not applied), never the old barrier
+    assert read.snapshot_ts <= barrier < before.snapshot_ts
+    assert read.versions[ledger] != before.versions[ledger]
+    assert read.revised_ts == txn.commit_ts
+    revision = core._finish_revision(core._get(txn.txn_id))  # the command goes on: no new reset
+    assert [(p.pipeline_id, p.generation) for p in revision.pipelines] == [("ledger", 1)]

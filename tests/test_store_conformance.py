@@ -493,9 +493,9 @@ def test_commits_a_revision_supersedes_are_no_change_and_no_version_by_input_bar
     store.add_table_commit(TableCommit("file:///w/a", 60, "rev", None, 100, restore=True))
     assert store.supersede_table_commits("file:///w/a", 60, 100) == 2  # (30, 200), (50, 300)
     assert store.supersede_table_commits("file:///w/a", 60, 100) == 0  # once
-    assert store.newest_supersession("file:///w/a") == 60
-    assert store.newest_supersession("file:///w/a", as_of_ts=59) == 0
-    assert store.newest_supersession("file:///w/b") == 0
+    assert store.newest_restore("file:///w/a") == 60
+    assert store.newest_restore("file:///w/a", as_of_ts=59) == 0
+    assert store.newest_restore("file:///w/b") == 0
     assert store.table_commit_at("file:///w/a", 30).superseded_ts == 60
     assert store.table_commit_at("file:///w/a", 60).restore is True
     assert store.table_commit_at("file:///w/a", 20).superseded_ts == 0

@@ -105,10 +105,11 @@ class Maintenance(CoreState):
         if guard is not None:
             floor_ts = min(floor_ts, guard)
         txns = rows = 0
+        # revisions are few and read for any barrier (refusals, a root's offsets): never pruned
+        revisions = self.revisions_at_or_above(0)  # Revising's
         while not self._stop.is_set():
             with self._lock:
-                keep = frozenset(self._pending_cleanup) | frozenset(self._unfinished)
-            keep |= self.revisions_at_or_above(floor_ts)  # Revising's
+                keep = frozenset(self._pending_cleanup) | frozenset(self._unfinished) | revisions
             deleted_txns, deleted_rows = self.store.prune(cutoff_ms, floor_ts, chunk, keep)
             self.store.flush()
             txns += deleted_txns

@@ -231,7 +231,10 @@ class Revising(CoreState):
             later = self.store.newest_commit_at_or_before(REVISE_PIPELINE, below)
             if later is None or later.commit_ts <= barrier:
                 return
-            revised = sorted(kept.intersection(later.tables))
+            plan = _Plan.of(later)
+            # a derived revision's restores are no change and what it rolled back is gone
+            revised = [] if plan is not None and plan.derived else sorted(
+                kept.intersection(later.tables))
             if revised:
                 raise FailedPrecondition(
                     f"revision {later.txn_id} restored {revised[0]} after barrier {barrier}; "
@@ -343,11 +346,12 @@ class Revising(CoreState):
             for table in updated.tables:
                 self.store.add_table_commit(TableCommit(
                     table, commit_ts, txn.txn_id, None,
-                    input_barrier=plan.input_barrier(table, commit_ts), restore=True))
+                    input_barrier=plan.input_barrier(table, commit_ts), restore=plan.derived))
             for table in plan.tables if plan.derived else ():
                 self.store.supersede_table_commits(table, commit_ts, plan.to_barrier)
             self.store.update_pipeline(pipeline)
         self._pipelines[REVISE_PIPELINE] = pipeline
+        self._revisions_resetting.add(txn.txn_id)  # until _finish_revision made the resets
         key = (REVISE_PIPELINE, txn.generation)
         self._newest_batch[key] = max(self._newest_batch.get(key, -1), txn.batch_id)
         self._track(updated)
@@ -376,7 +380,7 @@ class Revising(CoreState):
     def _before_roll_forward(self, txn: TxnRecord) -> None:
         """A revision's resets are made before any of its tables is applied (module doc)."""
         if txn.pipeline_id == REVISE_PIPELINE:
-            self._reset_revised_pipelines(txn)
+            self._resets_of(txn)
 
     def _reset_revised_pipelines(self, txn: TxnRecord) -> list[RevisedPipeline]:
         plan = _Plan.of(txn)
@@ -411,8 +415,35 @@ class Revising(CoreState):
         raise FailedPrecondition(f"pipeline {pipeline_id!r} kept being reset while the "
                                  "revision reset it; run the revision again")
 
+    def _after_load(self) -> None:
+        """A revision committed before a crash makes its resets before any request."""
+        with self._lock:
+            committed = [t for t in self._unfinished.values()
+                         if t.pipeline_id == REVISE_PIPELINE and t.state == TxnState.COMMITTED]
+        for txn in committed:
+            self._resets_of(txn)
+
+    def _finish_pending_resets(self) -> None:
+        """The resets of every revision committed but not reset yet, made now."""
+        with self._lock:
+            pending = [(t, self._unfinished.get(t)) for t in self._revisions_resetting]
+        for txn_id, txn in pending:
+            txn = txn or self.store.get_txn(txn_id)
+            if txn is not None:
+                self._resets_of(txn)
+            else:  # cannot happen: a committed revision is kept; never wait on it
+                with self._lock:
+                    self._revisions_resetting.discard(txn_id)
+
+    def _resets_of(self, txn: TxnRecord) -> list[RevisedPipeline]:
+        """The revision's resets, made if not made yet; the revision is no longer pending."""
+        reset = self._reset_revised_pipelines(txn)
+        with self._lock:
+            self._revisions_resetting.discard(txn.txn_id)
+        return reset
+
     def _finish_revision(self, txn: TxnRecord) -> Revision:
-        pipelines = self._reset_revised_pipelines(txn)
+        pipelines = self._resets_of(txn)
         self.wait_durable()
         fail_point("after-revise-reset")
         deadline = time.monotonic() + self.config.snapshot_wait_s
@@ -469,8 +500,7 @@ class Revising(CoreState):
         return None
 
     def revisions_at_or_above(self, floor_ts: int) -> frozenset[str]:
-        """The txn ids of every revision committed at or above ``floor_ts``: pruning keeps
-        them (refusals and root offsets read them for any barrier from the floor on)."""
+        """The txn ids of every revision committed at or above ``floor_ts``."""
         found: set[str] = set()
         below = _NEWEST
         while (revision := self.store.newest_commit_at_or_before(REVISE_PIPELINE, below)) \

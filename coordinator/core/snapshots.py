@@ -135,7 +135,7 @@ class Snapshots(CoreState):
             assert commit is None or commit.delta_version is not None, f"unapplied {commit}"
             versions[table] = commit.delta_version if commit else None
         self._check_not_pruned(barrier, what)  # a prune may have run since the check above
-        revised = max(self.store.newest_supersession(t, view.now_ts) for t in canonical)
+        revised = max(self.store.newest_restore(t, view.now_ts) for t in canonical)
         return Snapshot(barrier, versions, revised)
 
     def _read_committed(self, canonical: list[str]) -> Snapshot:

@@ -140,6 +140,14 @@ class CoreState:
         self._count_transitions = True
         self._stop = threading.Event()
         self._resolver: threading.Thread | None = None
+        # committed revisions whose pipeline resets are not made yet: topology answers wait
+        # for them (coordinator/core/revision.py)
+        self._revisions_resetting: set[str] = set()
+        self._after_load()
+
+    def _after_load(self) -> None:
+        """What the loaded state needs before any request: nothing, but for a revision
+        committed before a crash (coordinator/core/revision.py)."""
 
     def start_background(self) -> None:
         """Starts the resolver: expires stale attempts, rolls forward orphaned commits (I4)."""

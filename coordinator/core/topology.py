@@ -276,14 +276,23 @@ class Topology(CoreState):
     def completion(self) -> Completion:
         """The barrier rules at a fresh oracle timestamp, taken under the lock with the
         lineage and the pipelines' generations: after it no commit can be at or below it."""
-        with self._lock:
-            now_ts = self.oracle.next()
-            lineage = self._lineage.copy()
-            pipelines = {p: (r.generation, r.start_barrier) for p, r in self._pipelines.items()}
-            # the core's cache (one store read per generation, then kept by the commits), not
-            # a store query per pipeline and answer
-            inputs = {p: self._last_input_barrier(p, pipelines.get(p, (0, 0))[0])
-                      for p in lineage.pipelines() if not lineage.is_root(p)}
+        while True:
+            with self._lock:
+                # a revision between its commit and its resets would show its index with the
+                # old generations: its resets are made first (Revising's)
+                resetting = bool(self._revisions_resetting)
+                if not resetting:
+                    now_ts = self.oracle.next()
+                    lineage = self._lineage.copy()
+                    pipelines = {p: (r.generation, r.start_barrier)
+                                 for p, r in self._pipelines.items()}
+                    # the core's cache (one store read per generation, then kept by the
+                    # commits), not a store query per pipeline and answer
+                    inputs = {p: self._last_input_barrier(p, pipelines.get(p, (0, 0))[0])
+                              for p in lineage.pipelines() if not lineage.is_root(p)}
+            if not resetting:
+                break
+            self._finish_pending_resets()
         return Completion(self.store, lineage, pipelines, now_ts, self._barrier_interval_ms(),
                           inputs)
 
@@ -495,15 +504,32 @@ class Topology(CoreState):
                 f"--start-barrier {start}` (its next batches read the sources from there; "
                 "the rows before it are not read)")
         by_input = view.is_downstream(canonical)
+        commits = self.store.table_commits_in_range(canonical, after, upto, by_input,
+                                                    view.now_ts)
+        if not by_input:
+            self._check_no_root_restore_inside(canonical, after, upto, commits)
         changes = []
-        for commit in self.store.table_commits_in_range(canonical, after, upto, by_input,
-                                                        view.now_ts):
+        for commit in commits:
             assert commit.delta_version is not None, f"unapplied below completed: {commit}"
             changes.append(TableChange(commit.delta_version, commit.commit_ts,
                                        commit.barrier(by_input), commit.txn_id))
         start = view.version_at(canonical, after)
         return TableChanges(canonical, tuple(sorted(changes, key=lambda c: c.delta_version)),
                             None if start is None else start.delta_version)
+
+    def _check_no_root_restore_inside(self, table: str, after: int, upto: int,
+                                      commits: list[TableCommit]) -> None:
+        """Refuses a root table's range that holds a revision's restore: the commits before
+        it were rolled back (the pipelines reading it restart after it)."""
+        revisions = self.revisions_at_or_above(after + 1)  # Revising's
+        restore = next((c for c in commits if c.txn_id in revisions), None)
+        if restore is not None:
+            raise FailedPrecondition(
+                f"table {table} was restored by revision {restore.txn_id} at timestamp "
+                f"{restore.commit_ts}, inside barrier range ({after}, {upto}]: the changes "
+                "before it were rolled back and cannot be read as a stream; read from after "
+                "the restore (`percolake-coordinator reset-pipeline --pipeline P --reason ... "
+                f"--start-barrier {restore.commit_ts}`)")
 
     # ---------------------------------------------------------------- writers (declarations)
 

@@ -56,7 +56,9 @@ class TableCommit:
     # The commit_ts of the revision of a derived table that rolled this commit back (0: none):
     # from then on it is no change and no version at any barrier.
     superseded_ts: int = 0
-    restore: bool = False  # a revision's restore commit: a version of the table, no change
+    # A derived revision's restore commit: a version of the table, no change (a root
+    # revision's restore is a change: the pipelines reading it restart after it).
+    restore: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "restore", bool(self.restore))  # SQLite answers 0/1
@@ -298,9 +300,9 @@ class Store(abc.ABC):
         none."""
 
     @abc.abstractmethod
-    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
-        """The revision_ts of the newest revision (by ``as_of_ts``) that superseded commits of
-        the table; 0 if none did."""
+    def newest_restore(self, table: str, as_of_ts: int | None = None) -> int:
+        """The commit_ts of the table's newest restore row (at or below ``as_of_ts``); 0 if
+        it has none."""
 
     @abc.abstractmethod
     def supersede_table_commits(self, table: str, revision_ts: int,

@@ -270,11 +270,11 @@ class MemoryStore(Store):
                         if c.table == table and c.delta_version is None
                         and c.input_barrier > 0 and c.live_at(as_of_ts)), default=None)
 
-    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+    def newest_restore(self, table: str, as_of_ts: int | None = None) -> int:
         with self._lock:
-            return max((c.superseded_ts for c in self._table_commits.values()
-                        if c.table == table and c.superseded_ts
-                        and (as_of_ts is None or c.superseded_ts <= as_of_ts)), default=0)
+            return max((c.commit_ts for c in self._table_commits.values()
+                        if c.table == table and c.restore
+                        and (as_of_ts is None or c.commit_ts <= as_of_ts)), default=0)
 
     def supersede_table_commits(self, table: str, revision_ts: int,
                                 above_input_barrier: int) -> int:

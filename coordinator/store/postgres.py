@@ -547,10 +547,10 @@ class PostgresStore(Store):
             (table,) if as_of_ts is None else (table, as_of_ts, as_of_ts))
         return rows[0][0]
 
-    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+    def newest_restore(self, table: str, as_of_ts: int | None = None) -> int:
         rows = self._read(
-            "SELECT MAX(superseded_ts) FROM table_commits WHERE table_uri = %s "
-            "AND superseded_ts > 0 AND superseded_ts <= %s",
+            "SELECT MAX(commit_ts) FROM table_commits WHERE table_uri = %s "
+            "AND restore AND commit_ts <= %s",
             (table, (1 << 63) - 1 if as_of_ts is None else as_of_ts))
         return rows[0][0] or 0
 
@@ -558,7 +558,7 @@ class PostgresStore(Store):
                                 above_input_barrier: int) -> int:
         return self._write(
             "UPDATE table_commits SET superseded_ts = %s WHERE table_uri = %s "
-            "AND commit_ts < %s AND input_barrier > %s AND superseded_ts = 0",
+            "AND commit_ts < %s AND input_barrier > 0 AND input_barrier > %s AND superseded_ts = 0",
             (revision_ts, table, revision_ts, above_input_barrier))
 
     # ------------------------------------------------------------------ snapshot leases

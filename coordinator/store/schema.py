@@ -181,8 +181,8 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
         # are versions, never changes (docs/topology.md).
         "ALTER TABLE table_commits ADD COLUMN superseded_ts BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE table_commits ADD COLUMN restore BOOLEAN NOT NULL DEFAULT false",
-        "CREATE INDEX table_commits_superseded ON table_commits (table_uri, superseded_ts) "
-        "WHERE superseded_ts > 0",
+        "CREATE INDEX table_commits_restores ON table_commits (table_uri, commit_ts) "
+        "WHERE restore",
     )),
 )
 
@@ -244,8 +244,8 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, (
         "ALTER TABLE table_commits ADD COLUMN superseded_ts INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE table_commits ADD COLUMN restore INTEGER NOT NULL DEFAULT 0",
-        "CREATE INDEX table_commits_superseded ON table_commits (table_uri, superseded_ts) "
-        "WHERE superseded_ts > 0",
+        "CREATE INDEX table_commits_restores ON table_commits (table_uri, commit_ts) "
+        "WHERE restore",
     )),
 )
 

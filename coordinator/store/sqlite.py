@@ -469,10 +469,10 @@ class SqliteStore(Store):
             (table,) if as_of_ts is None else (table, as_of_ts, as_of_ts))
         return rows[0][0]
 
-    def newest_supersession(self, table: str, as_of_ts: int | None = None) -> int:
+    def newest_restore(self, table: str, as_of_ts: int | None = None) -> int:
         rows = self._read(
-            "SELECT MAX(superseded_ts) FROM table_commits WHERE table_uri = ? "
-            "AND superseded_ts > 0 AND superseded_ts <= ?",
+            "SELECT MAX(commit_ts) FROM table_commits WHERE table_uri = ? "
+            "AND restore AND commit_ts <= ?",
             (table, (1 << 63) - 1 if as_of_ts is None else as_of_ts))
         return rows[0][0] or 0
 
@@ -480,7 +480,7 @@ class SqliteStore(Store):
                                 above_input_barrier: int) -> int:
         return self._write(
             "UPDATE table_commits SET superseded_ts = ? WHERE table_uri = ? AND commit_ts < ? "
-            "AND input_barrier > ? AND superseded_ts = 0",
+            "AND input_barrier > 0 AND input_barrier > ? AND superseded_ts = 0",
             (revision_ts, table, revision_ts, above_input_barrier))
 
     def insert_lease(self, lease: LeaseRecord) -> None:
