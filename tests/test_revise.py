@@ -690,6 +690,49 @@ def test_the_revise_barrier_is_an_oracle_timestamp_or_the_utc_time_topology_prin
             barrier_argument(bad)
 
 
+class InProcessChain:
+    """An in-process core (delta-rs applier): the root ``bank`` and downstream pipelines,
+    each batch appending its batch number; a downstream one commits one batch per planned
+    barrier."""
+
+    def __init__(self, tmp_path: Path, reads: dict[str, list[str]]) -> None:
+        self.root = Path(os.path.realpath(tmp_path))
+        self.core = _core_with_lineage(tmp_path, {}, {}, applier=True)
+        for pipeline, tables in reads.items():
+            self.core.register_reads(pipeline, [self.table(t) for t in tables], None)
+        self.after: dict[str, int | None] = {p: None for p in reads}
+        self.batches: dict[str, int] = {}
+
+    def table(self, name: str) -> str:
+        return f"file://{self.root}/{name}"
+
+    def write(self, pipeline: str, table: str) -> int:
+        """One applied batch; returns its commit_ts."""
+        core, number = self.core, self.batches.get(pipeline, 0)
+        txn, _ = core.open_transaction(pipeline, number, tables=[table])
+        core.commit(txn.txn_id, None, [table], [TableWriteRecord(table, WriteMode.APPEND, (
+            _file(self.root / table.rsplit("/", 1)[1], txn.txn_id, [number]),), SCHEMA)])
+        self.batches[pipeline] = number + 1
+        core.get_snapshot([table])  # applied
+        return core.get_transaction(txn.txn_id).commit_ts
+
+    def catch_up(self, pipeline: str, table: str, upto: int) -> int:
+        """The pipeline's batches until its input barrier covers ``upto``."""
+        import time
+
+        deadline = time.monotonic() + 30
+        while (self.after[pipeline] or 0) < upto:
+            assert time.monotonic() < deadline, f"{pipeline} did not reach {upto}"
+            after = self.after[pipeline]
+            plan = self.core.plan_barrier(pipeline, 0 if after is not None else None, after)
+            if plan.barrier == plan.after_barrier:
+                time.sleep(0.05)
+                continue
+            self.write(pipeline, table)
+            self.after[pipeline] = plan.barrier
+        return self.after[pipeline] or 0
+
+
 def test_a_topology_read_racing_a_derived_revision_answers_the_state_before_it(tmp_path):
     """A derived revision commits between a topology read's completed barriers and its
     versions: the read answers entirely as the index stood when it began (never the restore
@@ -699,37 +742,12 @@ def test_a_topology_read_racing_a_derived_revision_answers_the_state_before_it(t
 
     from coordinator.core.snapshots import Consistency
 
-    root = Path(os.path.realpath(tmp_path))
-    debits, ledger, audit = (f"file://{root}/{n}" for n in ("debits", "ledger", "audit"))
-    core = _core_with_lineage(tmp_path, {}, {}, applier=True)
-    core.register_reads("ledger", [debits], None)
-    core.register_reads("audit", [ledger], None)
-    after: dict[str, int | None] = {"ledger": None, "audit": None}
-    batches = {"bank": 0, "ledger": 0, "audit": 0}
-
-    def write(pipeline: str, table: str, ids: list[int]) -> int:
-        txn, _ = core.open_transaction(pipeline, batches[pipeline], tables=[table])
-        core.commit(txn.txn_id, None, [table], [TableWriteRecord(table, WriteMode.APPEND, (
-            _file(root / table.rsplit("/", 1)[1], txn.txn_id, ids),), SCHEMA)])
-        batches[pipeline] += 1
-        core.get_snapshot([table])  # applied
-        return core.get_transaction(txn.txn_id).commit_ts
-
-    def catch_up(pipeline: str, table: str, upto: int) -> int:
-        deadline = time.monotonic() + 30
-        while (after[pipeline] or 0) < upto:
-            assert time.monotonic() < deadline, f"{pipeline} did not reach {upto}"
-            plan = core.plan_barrier(pipeline, 0 if after[pipeline] is not None else None,
-                                     after[pipeline])
-            if plan.barrier == plan.after_barrier:
-                time.sleep(0.05)
-                continue
-            write(pipeline, table, [batches[pipeline]])
-            after[pipeline] = plan.barrier
-        return after[pipeline] or 0
-
-    barrier = catch_up("audit", audit, catch_up("ledger", ledger, write("bank", debits, [0])))
-    catch_up("audit", audit, catch_up("ledger", ledger, write("bank", debits, [1])))
+    chain = InProcessChain(tmp_path, {"ledger": ["debits"], "audit": ["ledger"]})
+    core, root = chain.core, chain.root
+    debits, ledger, audit = (chain.table(n) for n in ("debits", "ledger", "audit"))
+    barrier = chain.catch_up("audit", audit, chain.catch_up("ledger", ledger,
+                                                            chain.write("bank", debits)))
+    chain.catch_up("audit", audit, chain.catch_up("ledger", ledger, chain.write("bank", debits)))
     tables = [debits, ledger, audit]
     while core.get_snapshot(tables, consistency=Consistency.TOPOLOGY).snapshot_ts <= barrier:
         time.sleep(0.05)
@@ -758,36 +776,13 @@ def test_a_topology_read_between_a_revisions_commit_and_its_resets_makes_the_res
     """The revision's index is visible from its commit on, its new generations only from its
     resets: a topology read in between makes the resets first, so it never pairs the restore
     with the old generations' completed barriers (T2)."""
-    import time
-
     from coordinator.core.snapshots import Consistency
 
-    root = Path(os.path.realpath(tmp_path))
-    debits, ledger = (f"file://{root}/{n}" for n in ("debits", "ledger"))
-    core = _core_with_lineage(tmp_path, {}, {}, applier=True)
-    core.register_reads("ledger", [debits], None)
-    batch = {"bank": 0, "ledger": 0}
-
-    def write(pipeline: str, table: str) -> int:
-        txn, _ = core.open_transaction(pipeline, batch[pipeline], tables=[table])
-        core.commit(txn.txn_id, None, [table], [TableWriteRecord(table, WriteMode.APPEND, (
-            _file(root / table.rsplit("/", 1)[1], txn.txn_id, [batch[pipeline]]),), SCHEMA)])
-        batch[pipeline] += 1
-        core.get_snapshot([table])
-        return core.get_transaction(txn.txn_id).commit_ts
-
-    def ledger_reads(upto: int, after: int | None) -> int:
-        while (after or 0) < upto:
-            plan = core.plan_barrier("ledger", 0 if after is not None else None, after)
-            if plan.barrier == plan.after_barrier:
-                time.sleep(0.05)
-                continue
-            write("ledger", ledger)
-            after = plan.barrier
-        return after
-
-    barrier = ledger_reads(write("bank", debits), None)
-    ledger_reads(write("bank", debits), barrier)
+    chain = InProcessChain(tmp_path, {"ledger": ["debits"]})
+    core = chain.core
+    debits, ledger = chain.table("debits"), chain.table("ledger")
+    barrier = chain.catch_up("ledger", ledger, chain.write("bank", debits))
+    chain.catch_up("ledger", ledger, chain.write("bank", debits))
     tables = [debits, ledger]
     before = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
     assert before.snapshot_ts > barrier

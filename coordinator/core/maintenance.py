@@ -106,7 +106,7 @@ class Maintenance(CoreState):
             floor_ts = min(floor_ts, guard)
         txns = rows = 0
         # revisions are few and read for any barrier (refusals, a root's offsets): never pruned
-        revisions = self.revisions_at_or_above(0)  # Revising's
+        revisions = frozenset(r.txn_id for r in self._revisions_between(-1))  # Revising's
         while not self._stop.is_set():
             with self._lock:
                 keep = frozenset(self._pending_cleanup) | frozenset(self._unfinished) | revisions

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from coordinator import validation
@@ -226,11 +227,7 @@ class Revising(CoreState):
         """Refuses a derived revision whose pipelines would re-read, from the barrier, an
         input another revision restored since: its restore commit is no stream of appends."""
         kept = {t for p in pipelines for t in lineage.reads_of(p)} - set(tables)
-        below = _NEWEST
-        while kept:
-            later = self.store.newest_commit_at_or_before(REVISE_PIPELINE, below)
-            if later is None or later.commit_ts <= barrier:
-                return
+        for later in self._revisions_between(barrier) if kept else ():
             plan = _Plan.of(later)
             # a derived revision's restores are no change and what it rolled back is gone
             revised = [] if plan is not None and plan.derived else sorted(
@@ -241,7 +238,6 @@ class Revising(CoreState):
                     "the pipelines this revision restarts would re-read it from the barrier "
                     "through that restore: revise to a barrier at or after it (not supported "
                     "yet across a revision of an input)")
-            below = later.commit_ts - 1
 
     def _writes(self, plan: _Plan) -> list[TableWriteRecord]:
         """The OVERWRITE of each affected table with its files at the barrier (Delta reads,
@@ -489,25 +485,21 @@ class Revising(CoreState):
                             above_ts: int) -> _Plan | None:
         """The plan of the newest root revision of ``root_pipeline`` committed in (above_ts,
         upto_ts]; revisions of other tables in between are passed over."""
-        while upto_ts > above_ts:
-            earlier = self.store.newest_commit_at_or_before(REVISE_PIPELINE, upto_ts)
-            if earlier is None or earlier.commit_ts <= above_ts:
-                return None
+        for earlier in self._revisions_between(above_ts, upto_ts):
             plan = _Plan.of(earlier)
             if plan is not None and not plan.derived and plan.root_pipeline == root_pipeline:
                 return plan
-            upto_ts = earlier.commit_ts - 1
         return None
 
-    def revisions_at_or_above(self, floor_ts: int) -> frozenset[str]:
-        """The txn ids of every revision committed at or above ``floor_ts``."""
-        found: set[str] = set()
-        below = _NEWEST
-        while (revision := self.store.newest_commit_at_or_before(REVISE_PIPELINE, below)) \
-                is not None and revision.commit_ts >= floor_ts:
-            found.add(revision.txn_id)
-            below = revision.commit_ts - 1
-        return frozenset(found)
+    def _revisions_between(self, above_ts: int, upto_ts: int = _NEWEST) -> Iterator[TxnRecord]:
+        """The committed revisions with a commit_ts in (above_ts, upto_ts], newest first (one
+        indexed read each)."""
+        while upto_ts > above_ts:
+            revision = self.store.newest_commit_at_or_before(REVISE_PIPELINE, upto_ts)
+            if revision is None or revision.commit_ts <= above_ts:
+                return
+            yield revision
+            upto_ts = revision.commit_ts - 1
 
 
 def _check_inputs_all_restored(lineage: Lineage, pipelines: list[str],

@@ -506,7 +506,7 @@ class Topology(CoreState):
         by_input = view.is_downstream(canonical)
         commits = self.store.table_commits_in_range(canonical, after, upto, by_input,
                                                     view.now_ts)
-        if not by_input:
+        if not by_input and commits:
             self._check_no_root_restore_inside(canonical, after, upto, commits)
         changes = []
         for commit in commits:
@@ -521,7 +521,7 @@ class Topology(CoreState):
                                       commits: list[TableCommit]) -> None:
         """Refuses a root table's range that holds a revision's restore: the commits before
         it were rolled back (the pipelines reading it restart after it)."""
-        revisions = self.revisions_at_or_above(after + 1)  # Revising's
+        revisions = {r.txn_id for r in self._revisions_between(after, upto)}  # Revising's
         restore = next((c for c in commits if c.txn_id in revisions), None)
         if restore is not None:
             raise FailedPrecondition(
