@@ -20,8 +20,9 @@ pipelines re-read their inputs from B, so every affected table's index row carri
 barrier B, and the rows it rolled back (input barriers above B, committed before R) are marked
 superseded by R in the same durable write: they are no change and no version at any barrier,
 so a re-reading pipeline never streams them and a topology read at G > B shows the restored
-state until the re-processing passes G. The affected tables' completed barriers go back to B
-(a reader that already saw a later one waits for the re-processing to complete it again).
+state until the re-processing passes G. The affected tables' completed barriers go back to B;
+topology answers carry the restore's commit_ts (``revised_ts``), by which a reader that saw a
+later barrier follows them back once.
 
 Durable steps and crashes. The transaction records what it is (table, barrier, reason,
 pipelines) as JSON in its ``source_offsets``. (1) Commit: durable, nothing applied; the

@@ -140,8 +140,8 @@ class CoreState:
         self._count_transitions = True
         self._stop = threading.Event()
         self._resolver: threading.Thread | None = None
-        # committed revisions whose pipeline resets are not made yet: topology answers wait
-        # for them (coordinator/core/revision.py)
+        # committed revisions whose pipeline resets are not made yet: a topology answer makes
+        # them first (coordinator/core/revision.py)
         self._revisions_resetting: set[str] = set()
         self._after_load()
 
