@@ -24,14 +24,21 @@ import grpc
 
 from coordinator.auth.access import Checks, authorize
 from coordinator.auth.credentials import Credentials
-from coordinator.hanging import find_hanging
 from coordinator.leadership import CoreProvider, NotServing
-from coordinator.ops_cli import UNFINISHED, duration, pipeline_json, txn_json
-from coordinator.ops_cli import _age as age_text
 from coordinator.oracle import wall_ms_of
 from coordinator.servicer import CoordinatorServicer
 from coordinator.status_codes import status_for
-from coordinator.topology_cli import delay_text, topology_json, utc_time
+from coordinator.views import (
+    UNFINISHED,
+    age_text,
+    delay_text,
+    duration,
+    find_hanging,
+    pipeline_json,
+    topology_json,
+    txn_json,
+    utc_time,
+)
 from percolake.errors import InvalidArgument, NotLeader, ProtocolError, StoreUnavailable
 from percolake.v1 import coordinator_pb2 as pb
 

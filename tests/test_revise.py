@@ -679,7 +679,7 @@ def test_the_root_offsets_are_those_of_the_newest_root_batch_at_the_barrier(tmp_
 def test_the_revise_barrier_is_an_oracle_timestamp_or_the_utc_time_topology_prints():
     import argparse
 
-    from coordinator.revise_cli import barrier_argument
+    from coordinator.cli.revise import barrier_argument
     from percolake.barriers import wall_ms_of_barrier
 
     assert barrier_argument("123456") == 123456

@@ -243,7 +243,7 @@ def test_a_transaction_keeps_the_principal_that_opened_it(store):
 
 
 def test_tokens_round_trip_and_revoke_once(store):
-    from coordinator.auth.records import TokenRecord
+    from coordinator.auth_records import TokenRecord
 
     live = TokenRecord("00000000000000aa", "ab" * 32, "alice", 5, description="spark job")
     other = TokenRecord("00000000000000bb", "cd" * 32, "bob", 6)
@@ -260,7 +260,7 @@ def test_tokens_round_trip_and_revoke_once(store):
 
 
 def test_acl_entries_are_added_once_and_removed(store):
-    from coordinator.auth.records import AclRecord, Permission, Resource
+    from coordinator.auth_records import AclRecord, Permission, Resource
 
     write = AclRecord("alice", Resource.PIPELINE, "p*", Permission.WRITE, 7)
     read = AclRecord("*", Resource.TABLE, "file:///w", Permission.READ, 8)
@@ -272,7 +272,7 @@ def test_acl_entries_are_added_once_and_removed(store):
 
 
 def test_a_failed_batch_leaves_no_token_or_acl_entry(store):
-    from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
+    from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
 
     with pytest.raises(RuntimeError), store.batch():
         store.insert_token(TokenRecord("00000000000000aa", "ab" * 32, "alice", 5))

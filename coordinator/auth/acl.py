@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from coordinator import validation
-from coordinator.auth.records import (
+from coordinator.auth_records import (
     ANY_PRINCIPAL,
     IMPLIED,
     PERMISSIONS_OF,

@@ -16,7 +16,7 @@ from coordinator import validation
 from coordinator.auth import acl, tokens
 from coordinator.auth.access import Guard
 from coordinator.auth.credentials import Credentials
-from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
+from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
 from coordinator.core.state import wall_ms
 from coordinator.leadership import CoreProvider
 from coordinator.servicer import CoordinatorServicer, rpc

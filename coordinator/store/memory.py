@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from coordinator.auth.records import AclRecord, TokenRecord
+from coordinator.auth_records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,

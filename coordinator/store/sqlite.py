@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from coordinator.auth.records import AclRecord, TokenRecord
+from coordinator.auth_records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,

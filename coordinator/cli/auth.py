@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coordinator.client_commands import add_common_arguments, run_calls
+from coordinator.cli.client import add_common_arguments, run_calls
 
 PERMISSIONS = ("WRITE", "DESCRIBE", "ADMIN", "READ")
 

@@ -16,9 +16,13 @@ import argparse
 import json
 import sys
 
-from coordinator import limits, ops_cli, revise_cli, topology_cli, vacuum_cli
-from coordinator.auth import cli as auth_cli
-from coordinator.client_commands import client_follower
+from coordinator import limits
+from coordinator.cli import auth as auth_cli
+from coordinator.cli import operations as ops_cli
+from coordinator.cli import revise as revise_cli
+from coordinator.cli import topology as topology_cli
+from coordinator.cli import vacuum as vacuum_cli
+from coordinator.cli.client import client_follower
 from coordinator.core import CoordinatorConfig
 from percolake.credentials import add_client_arguments
 
