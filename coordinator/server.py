@@ -222,7 +222,9 @@ class RunningServer:
             who = f"anyone who reaches the port ({open_because}"
             who += ", loopback only)" if loopback else ")"
         else:
-            who = _credential_needed(access) + " with DESCRIBE on every pipeline"
+            who = _credential_needed(access)
+            if access.credentials is not None:
+                who += " with DESCRIBE on every pipeline"
         log.log(logging.INFO if loopback or not open_because else logging.WARNING,
                 "serving Prometheus metrics over %s to %s", access.scheme.upper(), who,
                 extra={"host": self.options.host, "metrics_port": served.port,
@@ -238,7 +240,8 @@ class RunningServer:
                                lambda: self.fixed or self.leadership, access)
         loopback = tls.is_loopback(self.options.host)
         clear = access.tls is None and access.credentials is not None
-        log.log(logging.INFO if loopback else logging.WARNING,
+        exposed = access.tls is None or not (access.credentials or access.client_certificates)
+        log.log(logging.INFO if loopback or not exposed else logging.WARNING,
                 "serving the web view over %s to %s%s", access.scheme.upper(),
                 _credential_needed(access), " (bearer tokens travel in clear)" if clear else "",
                 extra={"host": self.options.host, "http_port": served.port,
@@ -313,9 +316,9 @@ def _credential_needed(access: http_serving.HttpAccess) -> str:
     if access.credentials is None:
         return ("callers with a client certificate of --client-ca" if certificate
                 else "anyone who reaches the port (authentication is off)")
-    return ("callers with a client certificate of --client-ca and a bearer token or that "
-            "certificate naming a principal" if certificate
-            else "callers with a bearer token")
+    return ("callers whose bearer token or client certificate (of --client-ca, required) "
+            "names a principal" if certificate else "callers whose bearer token names a "
+            "principal")
 
 
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
