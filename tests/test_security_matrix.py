@@ -20,6 +20,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from coordinator.core import CoordinatorConfig
 from coordinator.server import RunningServer, ServerOptions, start_server
@@ -28,6 +30,10 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 from tests.tls_support import Authority
 
 UNKNOWN_TOKEN = "plk_0123456789abcdef_" + "x" * 43
+# certificates (signed by the trusted CA) whose subject names no usable principal
+UNUSABLE = {"nul-admin": x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin\x00x")]),
+            "two-cns": x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
+                                  x509.NameAttribute(NameOID.COMMON_NAME, "carol")])}
 # What each principal holds: alice (a token) and cert:carol may DESCRIBE every pipeline;
 # cert:ops is named ADMIN on every pipeline by an ACL entry; admin is the bootstrap token's.
 GRANTS = {"admin": {"describe", "admin"}, "alice": {"describe"},
@@ -64,7 +70,9 @@ CALLERS = [Caller("none"), Caller("unknown token", token="unknown"),
            Caller("client cert", cert="carol"), Caller("cert CN admin", cert="admin"),
            Caller("cert named ADMIN by ACL", cert="ops"),
            Caller("unknown token + cert", token="unknown", cert="carol"),
-           Caller("good token + cert CN admin", token="alice", cert="admin")]
+           Caller("good token + cert CN admin", token="alice", cert="admin"),
+           Caller("cert CN admin NUL x", cert="nul-admin"),
+           Caller("cert with two CNs", cert="two-cns")]
 CONFIGS = [Config(t, a, h) for t in ("plain", "tls", "mtls") for a in (False, True)
            for h in (True, False)] + [Config("mtls", True, True, metrics_open=True)]
 
@@ -74,7 +82,7 @@ def principal_of(config: Config, caller: Caller) -> str | None:
     if caller.token is not None:
         return None if caller.token == "unknown" else caller.token
     if caller.cert is not None and config.transport == "mtls":
-        return f"cert:{caller.cert}"
+        return None if caller.cert in UNUSABLE else f"cert:{caller.cert}"
     return None
 
 
@@ -104,7 +112,8 @@ class Pki:
     folder: Path
 
     def client(self, cn: str) -> tuple[Path, Path]:
-        pem = self.authority.client(self.folder, cn)
+        """The files of the client certificate of ``cn`` (or of an UNUSABLE subject)."""
+        pem = self.authority.client(self.folder, cn, UNUSABLE.get(cn))
         return pem.cert, pem.key
 
 
