@@ -505,6 +505,7 @@ class WebServer:
 
 class _Handler(CallerHandler):
     cores: Callable[[], CoreProvider | None]
+    server_version = "percolake-web"
 
     def do_GET(self) -> None:  # noqa: N802
         parts = urllib.parse.urlsplit(self.path)

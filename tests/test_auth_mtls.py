@@ -17,7 +17,10 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.auth.identity import Unauthenticated, certificate_principal
+from coordinator.auth import tokens
+from coordinator.auth.credentials import Credentials
+from coordinator.auth.identity import Unauthenticated, authenticate, certificate_principal
+from coordinator.auth.records import TokenRecord
 from coordinator.launcher import DaemonProcess
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
@@ -188,3 +191,13 @@ def test_certificate_principal_refuses_what_the_daemon_refuses(tmp_path, files):
         certificate_principal(der)
     assert certificate_principal(authority.client(tmp_path, "alice").cert.read_bytes()) \
         == "cert:alice"
+
+
+def test_a_token_stored_for_a_certificate_principal_authenticates_nobody():
+    """Tokens made before certificate principals were kept apart cannot act as one."""
+    made = tokens.new_token()
+    credentials = Credentials(lambda: ([TokenRecord(made.token_id, made.secret_hash,
+                                                    "cert:ops", 1)], []))
+    credentials.refresh()
+    with pytest.raises(Unauthenticated, match="only a client certificate"):
+        authenticate(credentials, [f"Bearer {made.bearer}"], None)

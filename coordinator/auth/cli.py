@@ -32,7 +32,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--admin-token-file", default="", metavar="PATH",
                        help="bootstrap: the token in this file (created with a new one if "
                        "missing, mode 0600; refused if others may read it) authenticates "
-                       "principal 'admin' with ADMIN on every pipeline, held in memory only")
+                       "principal 'admin' with ADMIN on every pipeline, held in memory only (no "
+                       "client certificate is this principal: they are 'cert:<CN>')")
 
 
 def option_fields(args: argparse.Namespace) -> dict[str, Any]:

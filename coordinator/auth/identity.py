@@ -79,6 +79,11 @@ def authenticate(credentials: Credentials, authorization: Sequence[str],
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("malformed authorization (not 'Bearer <token>')")
         principal = credentials.principal_of(token)
+        if principal is not None and principal.lower().startswith(CERT_PREFIX):
+            # made before certificate principals were kept apart: never one of theirs
+            raise Unauthenticated(f"this token names principal {principal[:80]!r}, which only "
+                                  "a client certificate may be; revoke it and create one for "
+                                  "another principal")
         if principal is not None:
             return principal
         if not credentials.loaded:
