@@ -31,7 +31,7 @@ COORDINATOR_LAYERS: Layers = (
     ("store", frozenset({"store", "oracle"})),
     ("core", frozenset({"core"})),
     ("service", frozenset({"auth", "leadership", "servicer", "limits", "tls", "views", "web",
-                           "server"})),
+                           "http_serving", "metrics_endpoint", "server"})),
     ("command line", frozenset({"cli", "__main__", "launcher"})),
 )
 

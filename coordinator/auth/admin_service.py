@@ -99,7 +99,7 @@ class SecuredServicer(CoordinatorServicer):
 
     @rpc
     def CreateToken(self, core, request, context):  # noqa: N802
-        acl.check_principal(request.principal)
+        acl.check_token_principal(request.principal)
         validation.check_text("description", request.description, MAX_DESCRIPTION)
         made = tokens.new_token()
         record = TokenRecord(made.token_id, made.secret_hash, request.principal, wall_ms(),
