@@ -163,12 +163,13 @@ class Completion:
         settled = barrier_at_or_below(since, self.interval_ms)
         return settled if completed is None else max(completed, settled)
 
-    def first_change_for(self, pipeline_id: str, after: int) -> int | None:
+    def first_change_for(self, pipeline_id: str, after: int,
+                         since_transitions: bool = True) -> int | None:
         """The oldest change barrier above ``after`` in any table the pipeline reads, each
-        read counted from its transition (``Lineage.read_since``) on."""
+        read counted from its transition (``Lineage.read_since``) on, or not."""
         found = [self.store.first_table_commit_after(
-            t, max(after, self.lineage.read_since(pipeline_id, t)), self.is_downstream(t),
-            self.now_ts) for t in self.lineage.reads_of(pipeline_id)]
+            t, max(after, self.lineage.read_since(pipeline_id, t) if since_transitions else 0),
+            self.is_downstream(t), self.now_ts) for t in self.lineage.reads_of(pipeline_id)]
         barriers = [c.barrier(self.is_downstream(c.table)) for c in found if c is not None]
         return min(barriers, default=None)
 
@@ -393,6 +394,8 @@ class Topology(CoreState):
         change = view.first_change_for(pipeline_id, after_barrier)
         barrier, has_changes = next_barrier(
             after_barrier, [view.completed(s) for s in sources], change, view.interval_ms)
+        if barrier > after_barrier and not has_changes:  # a read's changes before its
+            has_changes = _holds_change(view, pipeline_id, after_barrier, barrier)  # transition
         with self._lock:
             record = self._pipelines.get(pipeline_id)
             if ((record.generation if record else 0) != current
@@ -418,8 +421,7 @@ class Topology(CoreState):
         """An answer given before, with whether its range holds a change (read if not kept)."""
         barrier, has_changes = known
         if has_changes is None:
-            change = view.first_change_for(pipeline_id, after)
-            has_changes = change is not None and change <= barrier
+            has_changes = _holds_change(view, pipeline_id, after, barrier)
         return BarrierPlan(generation, start, after, barrier, has_changes)
 
     def _current_input_start(self, pipeline_id: str, record: PipelineRecord | None) -> int:
@@ -588,3 +590,10 @@ class Topology(CoreState):
     def _own(self, owners: Iterable[TableWriter]) -> None:
         for owner in owners:
             self._lineage.writers[owner.table] = owner.pipeline_id
+
+
+def _holds_change(view: Completion, pipeline_id: str, after: int, upto: int) -> bool:
+    """Whether a table the pipeline reads has a change in (after, upto]: what its batch
+    reads, a read's changes before its transition included."""
+    change = view.first_change_for(pipeline_id, after, since_transitions=False)
+    return change is not None and change <= upto
