@@ -187,7 +187,8 @@ class TopologyModel(RuleBasedStateMachine):
 
     def _core(self) -> TransactionCoordinator:
         core = TransactionCoordinator(self.store, CoordinatorConfig(
-            [self.root], conflict_wait_s=0.05, barrier_interval_s=INTERVAL_MS / 1000,
+            [self.root], conflict_wait_s=0.05, snapshot_wait_s=2.0,
+            barrier_interval_s=INTERVAL_MS / 1000,
             retention_hours=2 / 3600), applier=self.delta)
         core.oracle = TimestampOracle(self.store, wall_ms=self.clock)
         return core
