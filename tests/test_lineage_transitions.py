@@ -40,31 +40,34 @@ def test_a_root_pipeline_gaining_its_first_read_keeps_its_earlier_commits(lake):
     second = lake.commit("enrich", [events])  # not read by audit yet
     lake.at(12_700)
     before = lake.completed(events)
-    lake.core.register_reads("enrich", [rates], None)  # the transition
+    lake.core.register_reads("enrich", [rates], None)  # the transition, at 12.7
     lake.at(14_100)
-    assert lake.completed(events) >= before  # never backwards
+    # events stays complete where it was: up to the transition, until enrich's first batch
+    assert lake.completed(events) == before == g(12)
     snapshot = lake.core.get_snapshot([events], consistency=Consistency.TOPOLOGY,
-                                      as_of_barrier=g(13))
-    assert snapshot.versions == {events: 1}  # both root-era commits, not "never written"
-    plan = lake.core.plan_barrier("audit", 0, g(11))
-    assert (plan.barrier, plan.has_changes) == (g(13), True)
-    assert _changes(lake, events, g(11), g(13)) == [second.txn_id]
-    assert _changes(lake, events, 0, g(11)) == [first.txn_id]
-    # enrich's first downstream batch ends after the transition (rates' change at 10.3 is
-    # read in it, with no barrier of its own), above every root-era commit
+                                      as_of_barrier=g(12))
+    assert snapshot.versions == {events: 0}  # its root-era commit, not "never written"
+    assert _changes(lake, events, 0, g(12)) == [first.txn_id]
+    audit = lake.downstream_batch(g(11), pipeline="audit", table=trail)
+    assert (audit.barrier, audit.has_changes) == (g(12), False)  # 12.5 is in (12, 13]
+    # enrich's first downstream batch reads rates' change at 10.3 (from before the
+    # transition) and ends on the first barrier after the transition, above every barrier
+    # events completed and above every root-era commit
     lake.at(14_200)
     lake.commit("fx", [rates])
     lake.at(15_500)
     own = lake.downstream_batch(None, pipeline="enrich", table=events)
-    assert own.barrier == g(15) and own.after_barrier == 0 and own.has_changes
-    assert _changes(lake, events, g(13), g(15)) == [lake.last_txn.txn_id]
-    assert _changes(lake, events, 0, g(15)) == [first.txn_id, second.txn_id,
-                                                lake.last_txn.txn_id]
+    assert (own.after_barrier, own.barrier, own.has_changes) == (0, g(13), True)
+    enriched = lake.last_txn.txn_id
+    assert lake.completed(events) == g(14)  # rates' change at 14.2 is not read yet
+    audit = lake.downstream_batch(g(12), pipeline="audit", table=trail)
+    assert (audit.barrier, audit.has_changes) == (g(13), True)
+    assert _changes(lake, events, g(12), g(13)) == [second.txn_id, enriched]
 
 
 def test_a_downstream_pipeline_gaining_a_read_never_rewrites_a_completed_barrier(lake):
     """ledger reads debits and has completed 20; audit streamed ledger up to 20. ledger
-    gains a read of rates, whose change at 12.5 lies below 20: ledger's next batch must not
+    gains a read of rates, whose change at 12.3 lies below 20: ledger's next batch must not
     end there (audit would never see it); it ends after the transition."""
     debits, rates, ledger = lake.debits, lake.table("rates"), lake.ledger
     trail = lake.table("trail")
@@ -85,11 +88,15 @@ def test_a_downstream_pipeline_gaining_a_read_never_rewrites_a_completed_barrier
     lake.at(22_400)
     lake.commit("fx", [rates])
     lake.at(24_100)
+    # rates' change at 12.3 (before the transition) is read by the batch ending on the first
+    # barrier after the transition, not at 13; the change at 22.4 by the next one
     plan = lake.downstream_batch(g(11))
-    assert plan.barrier == g(23) and plan.has_changes  # after the transition, not 13
+    assert (plan.barrier, plan.has_changes) == (g(21), True)
+    lumped = lake.last_txn.txn_id
+    assert lake.downstream_batch(g(21)).barrier == g(23)
     following = lake.core.plan_barrier("audit", 0, g(20))
-    assert (following.barrier, following.has_changes) == (g(23), True)
-    assert _changes(lake, ledger, g(20), g(23)) == [lake.last_txn.txn_id]
+    assert (following.barrier, following.has_changes) == (g(21), True)
+    assert _changes(lake, ledger, g(20), g(23)) == [lumped, lake.last_txn.txn_id]
 
 
 def test_a_new_pipeline_registering_reads_reads_each_interval_as_its_own_batch(lake):
@@ -168,3 +175,27 @@ def test_a_reset_moving_a_downstream_pipelines_input_back_is_refused(lake):
     assert lake.core.get_pipeline("ledger").generation == 0
     reset, _, _ = lake.core.reset_pipeline("ledger", "skip ahead", None, start_barrier=g(12))
     assert (reset.generation, reset.start_barrier) == (1, g(12))
+
+
+def test_a_reads_changes_from_before_its_transition_are_never_read_below_it(lake):
+    """Found by the model (tests/topology_model.py): rates changed at 10.3, before enrich
+    (writing events) gained the read at 12.7. An empty step of enrich up to 12 would read
+    that change at a barrier events had completed, rewriting it for events' readers. The
+    change counts at the transition: no batch runs until the sources complete the barrier
+    after it, and that batch reads it."""
+    events, rates = lake.table("events"), lake.table("rates")
+    lake.at(10_200)
+    lake.commit("enrich", [events])
+    lake.at(10_300)
+    lake.commit("fx", [rates])
+    lake.at(12_700)
+    lake.core.register_reads("enrich", [rates], None)
+    lake.at(12_900)
+    assert lake.completed(events) == g(12)
+    waiting = lake.core.plan_barrier("enrich", 0, None)
+    assert waiting.barrier == waiting.after_barrier == 0  # no step over 10.3 up to 12
+    lake.at(13_500)
+    plan = lake.downstream_batch(None, pipeline="enrich", table=events)
+    assert (plan.after_barrier, plan.barrier, plan.has_changes) == (0, g(13), True)
+    assert ts(10_300) <= lake.core.get_table_changes(rates, 0, g(13)).changes[0].barrier < g(11)
+    assert _changes(lake, events, g(12), g(13)) == [lake.last_txn.txn_id]

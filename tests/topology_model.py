@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -110,6 +111,15 @@ def fake_delta_for_revisions(delta: FakeDelta) -> Iterator[None]:
         yield
     finally:
         revision_module.files_of_version, revision_module.table_layout = saved
+
+
+def model_settings(examples: int, steps: int, derandomize: bool) -> settings:
+    """Hypothesis settings of a run of the model: no deadline (the core's waits vary), no
+    example database (nothing left behind in the work tree)."""
+    return settings(max_examples=examples, stateful_step_count=steps, deadline=None,
+                    derandomize=derandomize, database=None, report_multiple_bugs=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                           HealthCheck.data_too_large])
 
 
 @contextlib.contextmanager

@@ -146,32 +146,41 @@ class Completion:
             last = self.last_input(writer)
             result = downstream_completed_barrier(
                 last, [self.source_completed(writer, s) for s in self.lineage.reads_of(writer)],
-                self.first_change_for(writer, last),
+                self.first_change_for(writer, last)[0],
                 self.store.first_unapplied_input_barrier(table, self.now_ts), self.interval_ms)
         self._completed[table] = result
         return result
 
     def source_completed(self, pipeline_id: str, source: str) -> int | None:
         """What the source's completion settles for the pipeline's tables: its completed
-        barrier, and every barrier up to the read's transition (its changes before it end no
-        batch of the pipeline: ``first_change_for``), so a read gained later never takes back
-        a barrier the pipeline's tables completed (docs/topology.md, lineage transitions)."""
+        barrier, and every barrier below the read's transition (``first_change_for`` counts
+        the source's changes before it at it), so a read gained later never takes back a
+        barrier the pipeline's tables completed (docs/topology.md, lineage transitions)."""
         completed = self.completed(source)
         since = self.lineage.read_since(pipeline_id, source)
         if not since:
             return completed
-        settled = barrier_at_or_below(since, self.interval_ms)
+        settled = barrier_at_or_below(since - 1, self.interval_ms)
         return settled if completed is None else max(completed, settled)
 
-    def first_change_for(self, pipeline_id: str, after: int,
-                         since_transitions: bool = True) -> int | None:
-        """The oldest change barrier above ``after`` in any table the pipeline reads, each
-        read counted from its transition (``Lineage.read_since``) on, or not."""
-        found = [self.store.first_table_commit_after(
-            t, max(after, self.lineage.read_since(pipeline_id, t) if since_transitions else 0),
-            self.is_downstream(t), self.now_ts) for t in self.lineage.reads_of(pipeline_id)]
-        barriers = [c.barrier(self.is_downstream(c.table)) for c in found if c is not None]
-        return min(barriers, default=None)
+    def first_change_for(self, pipeline_id: str, after: int) -> tuple[int | None, bool]:
+        """The oldest change barrier above ``after`` in any table the pipeline reads, and
+        whether one of them has a change above ``after`` from before the pipeline gained
+        the read (``Lineage.read_since``): such changes count at the transition's
+        timestamp, so the batch reading them ends above every barrier its tables completed
+        before it."""
+        barriers, before_transition = [], False
+        for table in self.lineage.reads_of(pipeline_id):
+            found = self.store.first_table_commit_after(table, after, self.is_downstream(table),
+                                                        self.now_ts)
+            if found is None:
+                continue
+            change = found.barrier(self.is_downstream(table))
+            since = self.lineage.read_since(pipeline_id, table)
+            if change <= since:
+                change, before_transition = since, True
+            barriers.append(change)
+        return min(barriers, default=None), before_transition
 
     def version_at(self, table: str, barrier: int) -> TableCommit | None:
         """The table's newest commit at global barrier ``barrier``: by commit_ts for a root
@@ -391,11 +400,13 @@ class Topology(CoreState):
                                      planning_round)
         if known is not None:
             return self._repeated(view, pipeline_id, current, start, after_barrier, known)
-        change = view.first_change_for(pipeline_id, after_barrier)
+        change, before_transition = view.first_change_for(pipeline_id, after_barrier)
         barrier, has_changes = next_barrier(
             after_barrier, [view.completed(s) for s in sources], change, view.interval_ms)
-        if barrier > after_barrier and not has_changes:  # a read's changes before its
-            has_changes = _holds_change(view, pipeline_id, after_barrier, barrier)  # transition
+        if before_transition and not has_changes:
+            # no empty step over a read's changes from before its transition: it would read
+            # them at a barrier its tables may have completed already
+            barrier = after_barrier
         with self._lock:
             record = self._pipelines.get(pipeline_id)
             if ((record.generation if record else 0) != current
@@ -421,7 +432,8 @@ class Topology(CoreState):
         """An answer given before, with whether its range holds a change (read if not kept)."""
         barrier, has_changes = known
         if has_changes is None:
-            has_changes = _holds_change(view, pipeline_id, after, barrier)
+            change = view.first_change_for(pipeline_id, after)[0]
+            has_changes = change is not None and change <= barrier
         return BarrierPlan(generation, start, after, barrier, has_changes)
 
     def _current_input_start(self, pipeline_id: str, record: PipelineRecord | None) -> int:
@@ -591,9 +603,3 @@ class Topology(CoreState):
         for owner in owners:
             self._lineage.writers[owner.table] = owner.pipeline_id
 
-
-def _holds_change(view: Completion, pipeline_id: str, after: int, upto: int) -> bool:
-    """Whether a table the pipeline reads has a change in (after, upto]: what its batch
-    reads, a read's changes before its transition included."""
-    change = view.first_change_for(pipeline_id, after, since_transitions=False)
-    return change is not None and change <= upto
