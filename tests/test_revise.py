@@ -906,3 +906,24 @@ def test_a_revision_whose_lineage_keeps_changing_is_refused_with_nothing_revised
     attempts = core.list_transactions(TxnQuery(pipeline_id=REVISE_PIPELINE))
     assert attempts and all(a.state == TxnState.ABORTED for a in attempts)
     assert _ids(chain.root / "debits") == [0]  # nothing restored
+
+
+def test_a_derived_revision_below_its_writers_root_era_is_refused(tmp_path):
+    """enrich wrote events as a root pipeline, then started reading debits: events is derived
+    now, but re-reading debits cannot make its root-era commit again, so a revision to a
+    barrier before that commit is refused, naming it (docs/topology.md, lineage transitions)."""
+    from percolake.errors import FailedPrecondition
+
+    chain = InProcessChain(tmp_path, {})
+    core = chain.core
+    debits, events = chain.table("debits"), chain.table("events")
+    chain.write("bank", debits)
+    root_era = chain.write("enrich", events)
+    core.register_reads("enrich", [debits], None)
+    barrier = barrier_at_or_below(root_era - 1, INTERVAL_MS)
+    assert barrier > 0 and core.completion().completed(events) >= barrier
+    with pytest.raises(FailedPrecondition) as refused:
+        core.revise(events, barrier, "a bad release")
+    message = str(refused.value)
+    assert "before it read percolake tables" in message and events in message, message
+    assert core.list_transactions(TxnQuery(pipeline_id="percolake.revise")) == []

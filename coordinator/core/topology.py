@@ -602,4 +602,3 @@ class Topology(CoreState):
     def _own(self, owners: Iterable[TableWriter]) -> None:
         for owner in owners:
             self._lineage.writers[owner.table] = owner.pipeline_id
-
