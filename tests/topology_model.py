@@ -330,6 +330,17 @@ class TopologyModel(RuleBasedStateMachine):
                 self.downstream_batch(data, pipeline, data.draw(st.integers(0, 2)))
 
     @precondition(lambda self: any(self.reads.values()))
+    @rule(data=st.data())
+    def roots_write_then_downstream_pipelines_run(self, data: st.DataObject) -> None:
+        """Every root pipeline appends to one of its tables, then time passes and the
+        downstream pipelines run: the path that gives them rows to read."""
+        for pipeline in PIPELINES:
+            mine = sorted(t for t, o in self.owner.items() if o == pipeline)
+            if mine and not self.reads[pipeline]:
+                self.unplanned_batch(pipeline, data.draw(st.sampled_from(mine)).rsplit("/")[-1])
+        self.time_passes_and_downstream_pipelines_run(data, data.draw(st.integers(1000, 2500)))
+
+    @precondition(lambda self: any(self.reads.values()))
     @rule(data=st.data(), round_=st.integers(0, 2))
     def one_downstream_batch(self, data: st.DataObject, round_: int) -> None:
         pipeline = data.draw(st.sampled_from(sorted(p for p in PIPELINES if self.reads[p])))
@@ -381,7 +392,9 @@ class TopologyModel(RuleBasedStateMachine):
         if tables:
             self.core.get_snapshot(tables)
         self.last_input[pipeline] = plan.barrier
-        self.stats["downstream batches" if tables else "downstream steps writing nothing"] += 1
+        self.stats["downstream batches writing a table" if tables else
+                   "downstream batches reading changes, writing nothing" if plan.has_changes
+                   else "downstream empty steps"] += 1
         reader = self.readers[pipeline]
         for source, changes in read.items():
             twice = set(changes) & set(reader.read[source])
