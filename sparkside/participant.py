@@ -32,6 +32,7 @@ from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.checkpoint_offsets import batch_source_offsets, check_checkpoint_location
 from sparkside.client import CoordinatorClient
+from sparkside.column_mapping import ColumnMapping
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
 from sparkside.errors import (
@@ -102,6 +103,8 @@ class BatchTransaction:
                 table, later they must match the table.
 
         Raises:
+            UnsupportedTableFeature: the table requires a Delta feature percolake cannot write
+                (docs/delta-features.md); nothing was declared or written.
             SchemaMismatch: the schema does not fit the table (nothing was written).
             WriteConflict: another live transaction holds the table.
         """
@@ -111,6 +114,8 @@ class BatchTransaction:
         if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
+        # before the declare: a table percolake cannot write is refused with nothing declared
+        mapping = ColumnMapping.of(self._schemas.check_features(canonical, mode))
         location = self.locations.get(canonical) or self._declare(table, canonical)
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
@@ -120,12 +125,18 @@ class BatchTransaction:
         self._tables.append(canonical)
 
         def write_table() -> TableWriteRecord:
-            adds = write_files(df, canonical, location, partitions)
+            if mapping is None:
+                adds = write_files(df, canonical, location, partitions)
+            else:  # physical names and field ids; partition values keyed by physical name
+                adds = write_files(mapping.frame(df), canonical, location,
+                                   mapping.partition_columns(partitions), mapping.physical)
             fail_point("mid-prewrite", self.batch_id)
             replace = ()
             if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
-                distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
-                            for a in adds}
+                by_column = [mapping.logical_values(a.partition_values) if mapping
+                             else a.partition_values for a in adds]
+                distinct = {tuple(sorted(values.items(), key=lambda kv: kv[0]))
+                            for values in by_column}
                 replace = tuple(dict(values) for values in sorted(distinct, key=str))
             return TableWriteRecord(canonical, MODES[mode], tuple(adds), schema_json,
                                     tuple(partitions), replace)
