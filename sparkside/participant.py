@@ -13,6 +13,7 @@ are finished. After Commit nothing calls the JVM, so a stopping query cannot str
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -127,16 +128,16 @@ class BatchTransaction:
         def write_table() -> TableWriteRecord:
             if mapping is None:
                 adds = write_files(df, canonical, location, partitions)
-            else:  # physical names and field ids; partition values keyed by physical name
-                adds = write_files(mapping.frame(df), canonical, location,
-                                   mapping.partition_columns(partitions), mapping.physical)
+            else:  # physical names and field ids; the intent keys partitions by column
+                adds = [dataclasses.replace(a, partition_values=mapping.logical_values(
+                    a.partition_values)) for a in write_files(
+                        mapping.frame(df), canonical, location,
+                        mapping.partition_columns(partitions), mapping.physical)]
             fail_point("mid-prewrite", self.batch_id)
             replace = ()
             if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
-                by_column = [mapping.logical_values(a.partition_values) if mapping
-                             else a.partition_values for a in adds]
-                distinct = {tuple(sorted(values.items(), key=lambda kv: kv[0]))
-                            for values in by_column}
+                distinct = {tuple(sorted(a.partition_values.items(), key=lambda kv: kv[0]))
+                            for a in adds}
                 replace = tuple(dict(values) for values in sorted(distinct, key=str))
             return TableWriteRecord(canonical, MODES[mode], tuple(adds), schema_json,
                                     tuple(partitions), replace)

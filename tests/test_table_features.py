@@ -68,7 +68,7 @@ def test_each_refused_feature_is_refused_at_declare_and_by_the_write_check(table
     upgrade(table, feature)
     with pytest.raises(UnsupportedTableFeature, match=f"feature '{feature}'.*To write it"):
         SchemaChecker().check_features(f"file://{table}", "append")
-    with pytest.raises(FailedPrecondition, match=f"feature '{feature}'.*To write it") as refused:
+    with pytest.raises(FailedPrecondition, match=f"feature '{feature}'.*To write it, ") as refused:
         WriteChecker().check(append_of(table))
     assert FEATURES[feature].how in str(refused.value)
 
@@ -86,6 +86,14 @@ def test_a_feature_percolake_does_not_know_is_refused(table):
     upgrade(table, "someFutureFeature")
     with pytest.raises(FailedPrecondition, match=r"\['someFutureFeature'\].*does not know"):
         WriteChecker().check(append_of(table))
+
+
+def test_every_refused_feature_of_a_table_is_named():
+    message = refusal("t", table_protocol(1, 7, None, ["clustering", "domainMetadata",
+                                                       "appendOnly"], {}))
+    assert message is not None
+    assert "features 'clustering' (writer)" in message and "'domainMetadata' (writer)" in message
+    assert "appendOnly" not in message
 
 
 def test_legacy_writer_versions_imply_their_features():

@@ -184,15 +184,13 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
     )
-    adds = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True,
-                      f.stats or "{}") for f in write.add_files]
     schema = Schema.from_json(write.schema_json)
     for attempt in range(MAX_ATTEMPTS):
         table = open_table(write.table)
         try:
             if table is None:
                 create_table_with_add_actions(
-                    delta_uri(write.table), schema, adds, mode="error",
+                    delta_uri(write.table), schema, _adds(write, {}), mode="error",
                     partition_by=list(write.partition_by) or None,
                     commit_properties=properties, storage_options=options or None)
                 return 0
@@ -203,7 +201,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             refused = refusal(write.table, layout.protocol, write)
             if refused:
                 raise _apply_refused(write.table, txn_id, refused)
-            mode, actions, filters = _write_actions(table, write, adds, layout)
+            mode, actions, filters = _write_actions(table, write, layout)
             table.create_write_transaction(
                 actions, mode, schema if mode == "append" else table.schema(),
                 partition_by=list(write.partition_by) or None, partition_filters=filters,
@@ -243,7 +241,15 @@ def _lost_a_race(exc: Exception) -> bool:
     return "already exists" in str(exc).lower()
 
 
-def _write_actions(table: DeltaTable, write: TableWriteRecord, adds: list[AddAction],
+def _adds(write: TableWriteRecord, physical: dict[str, str]) -> list[AddAction]:
+    """The write's add actions; a column-mapped table's partition values keyed by the
+    columns' ``physical`` names, as its log keys them (the intent keys them by column)."""
+    return [AddAction(f.path, f.size, {physical.get(k, k): v
+                                       for k, v in f.partition_values.items()},
+                      f.modification_time, True, f.stats or "{}") for f in write.add_files]
+
+
+def _write_actions(table: DeltaTable, write: TableWriteRecord,
                    layout: TableLayout) -> tuple[str, list[AddAction | RemoveAction],
                                                  list[tuple[str, str, list[str]]] | None]:
     """The commit of ``write``: delta-rs's mode, the actions, the partition filters.
@@ -255,20 +261,23 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord, adds: list[AddAct
     vectors the removes must carry each file's deletion vector, which only delta-rs's own
     overwrite writes: it derives them (all files, or those its partition filters name).
     """
+    physical = physical_names(layout.schema_json) \
+        if layout.protocol.column_mapping != "none" else {}
+    adds = _adds(write, physical)
     if write.mode == WriteMode.APPEND:
-        return "append", list(adds), None
+        return "append", adds, None
     listed = {f.path for f in write.add_files}
-    removes, held = _removes(table, write, keep=listed, layout=layout)
+    removes, held = _removes(table, write, keep=listed, physical=physical)
     if layout.protocol.has("deletionVectors") and not listed & held:
         filters = partition_filters(write) if write.mode == WriteMode.OVERWRITE_PARTITIONS \
             else None
-        return "overwrite", list(adds), filters
+        return "overwrite", adds, filters
     kept = [a for a, f in zip(adds, write.add_files, strict=True) if f.path not in held]
     return "append", kept + removes, None
 
 
 def _removes(table: DeltaTable, write: TableWriteRecord, keep: set[str],
-             layout: TableLayout) -> tuple[list[RemoveAction], set[str]]:
+             physical: dict[str, str]) -> tuple[list[RemoveAction], set[str]]:
     """Remove actions for the files an overwrite replaces (explicit, so nothing else goes),
     except those in ``keep``; and the paths of every file the table holds.
 
@@ -280,8 +289,6 @@ def _removes(table: DeltaTable, write: TableWriteRecord, keep: set[str],
     """
     types = _partition_types(table)
     replaced = {_partition_key(p, types) for p in write.replace_partitions}
-    physical = physical_names(layout.schema_json) \
-        if layout.protocol.column_mapping != "none" else {}
     now = int(time.time() * 1000)
     removes = []
     held: set[str] = set()

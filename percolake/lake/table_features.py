@@ -155,13 +155,14 @@ def refusal(table: str, protocol: TableProtocol, write: TableWriteRecord | None 
     if unknown:
         return (f"table {table} requires the Delta table features {unknown}, which percolake "
                 "does not know how to write: write it with delta-spark")
-    for name in protocol.features:
-        feature = FEATURES[name]
-        if not feature.supported:
-            kind = "reader and writer" if feature.reader else "writer"
-            todo = feature.todo.replace("<table>", table)
-            return (f"table {table} uses the Delta {kind} feature {name!r}, which percolake "
-                    f"cannot write: {feature.how}. To write it, {todo}")
+    refused = [FEATURES[name] for name in protocol.features if not FEATURES[name].supported]
+    if refused:
+        why = "; ".join(f"{f.name!r} ({'reader and writer' if f.reader else 'writer'}): "
+                        f"{f.how}" for f in refused)
+        todo = "; ".join(dict.fromkeys(f.todo.replace("<table>", table) for f in refused))
+        noun = "feature" if len(refused) == 1 else "features"
+        return (f"table {table} uses the Delta table {noun} {why}, which percolake cannot "
+                f"write. To write it, {todo}")
     if protocol.column_mapping not in ("none", "name", "id"):
         return (f"table {table} has delta.columnMapping.mode={protocol.column_mapping!r}, which "
                 "percolake does not know")

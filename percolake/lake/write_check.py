@@ -53,7 +53,7 @@ from percolake.lake.delta_commit import (
     describe_schema_mismatch,
     table_layout,
 )
-from percolake.lake.table_features import physical_names, refusal
+from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
     check_table_location,
@@ -227,13 +227,10 @@ class WriteChecker:
             raise FailedPrecondition(
                 f"table {table}: delta-rs cannot read the table's log, so nothing can be "
                 f"committed to it ({exc})") from None
-        keys: dict[str, str] = {}  # partition column -> key of its value in the adds
         if layout is not None:
             refused = refusal(table, layout.protocol, write)
             if refused:
                 raise FailedPrecondition(refused)
-            if layout.protocol.column_mapping != "none":
-                keys = physical_names(layout.schema_json)
             problem = self._mismatch(layout, schema, write.partition_by)
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
@@ -242,7 +239,7 @@ class WriteChecker:
                 raise FailedPrecondition(f"table {table} has delta.appendOnly=true: a "
                                          f"{write.mode.value} write cannot remove its files")
         _check_files(write)
-        self._check_partition_values(write, fields, keys)
+        self._check_partition_values(write, fields)
 
     def _schema(self, table: str, schema_json: str) -> tuple[str, dict[str, dict[str, Any]]]:
         """The write's schema as delta-rs writes it, and its fields by name (read-only)."""
@@ -272,13 +269,11 @@ class WriteChecker:
             self._fits.add(key)
         return problem
 
-    def _check_partition_values(self, write: TableWriteRecord, fields: dict[str, dict[str, Any]],
-                                keys: dict[str, str]) -> None:
-        """``keys``: a column-mapped table's physical names, which key its partition values."""
+    def _check_partition_values(self, write: TableWriteRecord,
+                                fields: dict[str, dict[str, Any]]) -> None:
         for column in write.partition_by:
             delta_type = json.dumps(fields[column]["type"])
-            key = keys.get(column, column)
-            values = {a.partition_values.get(key) for a in write.add_files}
+            values = {a.partition_values.get(column) for a in write.add_files}
             unseen = sorted(v for v in values if v is not None
                             and (delta_type, v) not in self._parsed)
             if not unseen:
