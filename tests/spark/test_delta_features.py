@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from sparkside import Participant, UnsupportedTableFeature
 
@@ -153,23 +153,29 @@ def removes_with_vectors(path: Path) -> int:
                and json.loads(line)["remove"].get("deletionVector"))
 
 
-@pytest.mark.parametrize("mode", ["overwrite", "overwrite_partitions"])
-def test_overwrite_of_files_with_deletion_vectors_removes_exactly_the_visible_rows(
-        spark, lake_daemon, lake, mode):
+def test_overwrites_of_files_with_deletion_vectors_remove_exactly_the_visible_rows(
+        spark, lake_daemon, lake):
+    """overwrite_partitions, then overwrite, of files with rows deleted by delta-spark: the
+    removes carry the files' deletion vectors, as delta-spark's own overwrites of a copy."""
     path = lake / "dv"
     with_deleted_rows(spark, path)
     copy = copy_of(path)
-    new: DataFrame = spark.createDataFrame([(6, "a"), (7, "b")], "id long, day string")
-    run = batches(lake_daemon, f"dv-{mode}")
-    run(spark, lambda txn: txn.write(new, str(path), mode=mode))
-    writer = new.write.format("delta").mode("overwrite")
-    if mode == "overwrite_partitions":
-        writer = writer.option("partitionOverwriteMode", "dynamic")
-    writer.save(str(copy))
-    assert rows(spark, path) == rows(spark, copy)
-    assert rows(spark, path) == ([(5, "c"), (6, "a"), (7, "b")]
-                                 if mode == "overwrite_partitions" else [(6, "a"), (7, "b")])
+    run = batches(lake_daemon, "dv")
+    partitions = spark.createDataFrame([(6, "a"), (7, "b"), (9, "a")],
+                                       "id long, day string").coalesce(1)
+    run(spark, lambda txn: txn.write(partitions, str(path), mode="overwrite_partitions"))
+    partitions.write.format("delta").mode("overwrite") \
+        .option("partitionOverwriteMode", "dynamic").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(5, "c"), (6, "a"), (7, "b"), (9, "a")]
     assert removes_with_vectors(path) == 2  # the files of a and b, which had deleted rows
+
+    for table in (path, copy):  # a deletion vector on the file of a
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 6")
+    whole = spark.createDataFrame([(8, "d")], "id long, day string")
+    run(spark, lambda txn: txn.write(whole, str(path), mode="overwrite"))
+    whole.write.format("delta").mode("overwrite").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(8, "d")]
+    assert removes_with_vectors(path) == 1
 
 
 def test_change_data_feed_and_timestamp_ntz_table_written_and_fed_as_by_delta_spark(
