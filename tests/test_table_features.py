@@ -92,7 +92,7 @@ def test_every_refused_feature_of_a_table_is_named():
     message = refusal("t", table_protocol(1, 7, None, ["clustering", "domainMetadata",
                                                        "appendOnly"], {}))
     assert message is not None
-    assert "features 'clustering' (writer)" in message and "'domainMetadata' (writer)" in message
+    assert "features 'clustering' (writer), 'domainMetadata' (writer), which" in message
     assert "appendOnly" not in message
 
 

@@ -24,10 +24,9 @@ from typing import Any
 
 from percolake.records import TableWriteRecord, WriteMode
 
-# What to do about a refused feature that delta-spark can drop from a table.
-DROP_IT = ("write the table with delta-spark, or drop the feature with delta-spark "
-           "(ALTER TABLE delta.`<table>` DROP FEATURE {name}) and write again")
-RECREATE = "write the table with delta-spark, or re-create it without {what} and write again"
+# Besides writing the table with delta-spark, what a user can do about a refused feature.
+DROP_IT = "drop the feature with delta-spark (ALTER TABLE delta.`<table>` DROP FEATURE {name})"
+RECREATE = "re-create it without {what}"
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Feature:
     reader: bool  # also a reader feature (else writer only)
     supported: bool
     how: str  # supported: how the write path honours it; refused: why it cannot
-    todo: str = ""  # refused: what the user can do
+    todo: str = ""  # refused: what the user can do to the table (but write it with delta-spark)
 
 
 def _refused(name: str, reader: bool, why: str, todo: str) -> Feature:
@@ -157,12 +156,15 @@ def refusal(table: str, protocol: TableProtocol, write: TableWriteRecord | None 
                 "does not know how to write: write it with delta-spark")
     refused = [FEATURES[name] for name in protocol.features if not FEATURES[name].supported]
     if refused:
-        why = "; ".join(f"{f.name!r} ({'reader and writer' if f.reader else 'writer'}): "
-                        f"{f.how}" for f in refused)
-        todo = "; ".join(dict.fromkeys(f.todo.replace("<table>", table) for f in refused))
+        names = ", ".join(f"{f.name!r} ({'reader and writer' if f.reader else 'writer'})"
+                          for f in refused)
+        why = refused[0].how if len(refused) == 1 \
+            else "; ".join(f"{f.name}: {f.how}" for f in refused)
+        todo = " and ".join(dict.fromkeys(f.todo.replace("<table>", table) for f in refused))
         noun = "feature" if len(refused) == 1 else "features"
-        return (f"table {table} uses the Delta table {noun} {why}, which percolake cannot "
-                f"write. To write it, {todo}")
+        return (f"table {table} uses the Delta table {noun} {names}, which percolake cannot "
+                f"write: {why}. To write it, write it with delta-spark, or {todo}, then write "
+                "again")
     if protocol.column_mapping not in ("none", "name", "id"):
         return (f"table {table} has delta.columnMapping.mode={protocol.column_mapping!r}, which "
                 "percolake does not know")
