@@ -191,3 +191,36 @@ def test_physical_schema_renames_every_struct_field_and_numbers_it():
     del schema["fields"][0]["metadata"]["delta.columnMapping.id"]
     with pytest.raises(ValueError, match="'id' has no column mapping metadata"):
         physical_schema(schema)
+
+
+def test_object_store_files_carry_the_field_ids_of_every_nested_field(tmp_path):
+    """The object-store writer's Arrow schema: the ids of a column-mapped table's physical
+    schema on every field, inside structs, lists and maps, as pyarrow writes them."""
+    import pyarrow.parquet as pq
+
+    from sparkside.object_writer import with_field_ids
+
+    def field(name: str, data_type: object, number: int) -> dict:
+        return {"name": name, "type": data_type, "nullable": True,
+                "metadata": {"delta.columnMapping.id": number,
+                             "delta.columnMapping.physicalName": f"col-{number}"}}
+    inner = {"type": "struct", "fields": [field("a", "integer", 4)]}
+    physical = physical_schema({"type": "struct", "fields": [
+        field("id", "long", 1),
+        field("l", {"type": "array", "elementType": inner, "containsNull": True}, 2),
+        field("m", {"type": "map", "keyType": "string", "valueType": inner,
+                    "valueContainsNull": True}, 3)]})
+    data = pa.table({
+        "col-1": pa.array([1], pa.int64()),
+        "col-2": pa.array([[{"col-4": 5}]], pa.list_(pa.struct([("col-4", pa.int32())]))),
+        "col-3": pa.array([[("k", {"col-4": 6})]],
+                          pa.map_(pa.string(), pa.struct([("col-4", pa.int32())])))})
+    pq.write_table(data.cast(with_field_ids(data.schema, physical)), tmp_path / "f.parquet")
+    written = pq.ParquetFile(tmp_path / "f.parquet").schema
+    assert str(written).count("field_id=4 col-4;") == 2  # in the list and in the map
+    arrow = pq.read_schema(tmp_path / "f.parquet")
+    assert arrow.field("col-1").metadata[b"PARQUET:field_id"] == b"1"
+    assert arrow.field("col-2").metadata[b"PARQUET:field_id"] == b"2"
+    assert arrow.field("col-3").metadata[b"PARQUET:field_id"] == b"3"
+    assert arrow.field("col-2").type.value_type.field(0).metadata[b"PARQUET:field_id"] == b"4"
+    assert arrow.field("col-3").type.item_type.field(0).metadata[b"PARQUET:field_id"] == b"4"
