@@ -116,7 +116,7 @@ class BatchTransaction:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
         # before the declare: a table percolake cannot write is refused with nothing declared
-        mapping = ColumnMapping.of(self._schemas.check_features(canonical, mode))
+        mapping = ColumnMapping.of(self._schemas.check_features(canonical))
         location = self.locations.get(canonical) or self._declare(table, canonical)
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from percolake.lake.delta_commit import TableLayout, describe_schema_mismatch
 from percolake.lake.table_features import refusal
 from percolake.lake.write_check import LayoutCache
-from percolake.records import WriteMode
 from sparkside.errors import SchemaMismatch, UnsupportedTableFeature
 
 
@@ -26,15 +25,15 @@ class SchemaChecker:
         """The table's current layout, None if it does not exist."""
         return self._layouts.get(table)
 
-    def check_features(self, table: str, mode: str) -> TableLayout | None:
-        """The table's layout, once its protocol is one percolake can write in ``mode``.
+    def check_features(self, table: str) -> TableLayout | None:
+        """The table's layout, once its protocol is one percolake can write.
 
         Raises:
             UnsupportedTableFeature: a feature percolake cannot write (named, with what to do).
         """
         layout = self.layout(table)
         if layout is not None:
-            refused = refusal(table, layout.protocol, mode=WriteMode(mode))
+            refused = refusal(table, layout.protocol)
             if refused:
                 raise UnsupportedTableFeature(f"{refused}. Nothing was written.")
         return layout

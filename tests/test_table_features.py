@@ -67,7 +67,7 @@ def test_each_refused_feature_is_refused_at_declare_and_by_the_write_check(table
     coordinator's write check both name it and say what to do; nothing is committed."""
     upgrade(table, feature)
     with pytest.raises(UnsupportedTableFeature, match=f"feature '{feature}'.*To write it"):
-        SchemaChecker().check_features(f"file://{table}", "append")
+        SchemaChecker().check_features(f"file://{table}")
     with pytest.raises(FailedPrecondition, match=f"feature '{feature}'.*To write it, ") as refused:
         WriteChecker().check(append_of(table))
     assert FEATURES[feature].how in str(refused.value)
@@ -77,7 +77,7 @@ def test_each_refused_feature_is_refused_at_declare_and_by_the_write_check(table
 def test_each_supported_feature_passes_the_checks_and_applies(table, feature):
     upgrade(table, feature)
     write = append_of(table)
-    assert SchemaChecker().check_features(f"file://{table}", "append") is not None
+    assert SchemaChecker().check_features(f"file://{table}") is not None
     WriteChecker().check(write)
     assert apply_table_write(write, app_id="p-0", app_version=0, txn_id="t1", commit_ts=5) == 2
 

@@ -143,12 +143,12 @@ def table_protocol(reader_version: int, writer_version: int,
     return TableProtocol(reader_version, writer_version, tuple(sorted(names)), mode)
 
 
-def refusal(table: str, protocol: TableProtocol, write: TableWriteRecord | None = None,
-            mode: WriteMode | None = None) -> str | None:
+def refusal(table: str, protocol: TableProtocol,
+            write: TableWriteRecord | None = None) -> str | None:
     """Why percolake cannot write this table, None when it can.
 
-    ``write`` (the coordinator's check) or ``mode`` (the participant's, before any file) lets
-    the rules of one write mode apply too.
+    ``write`` (the coordinator's check and the apply's; the participant's comes before any
+    file) lets the rules of its write mode apply too (``_replace_partitions_refusal``).
     """
     unknown = [f for f in protocol.features if f not in FEATURES]
     if unknown:
