@@ -20,6 +20,7 @@ _HOMES = {
     "SchemaMismatch": "sparkside.errors",
     "TableNotWritten": "sparkside.errors",
     "TransactionAborted": "sparkside.errors",
+    "UnsupportedTableFeature": "sparkside.errors",
     "WriteConflict": "sparkside.errors",
     "BatchTransaction": "sparkside.participant",
     "Participant": "sparkside.participant",

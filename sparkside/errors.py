@@ -35,6 +35,11 @@ class SchemaMismatch(PercolakeError):
     """The batch's schema does not fit the existing table; nothing was written."""
 
 
+class UnsupportedTableFeature(PercolakeError):
+    """The table requires a Delta feature percolake cannot write; nothing was declared or
+    written (docs/delta-features.md)."""
+
+
 class TableNotWritten(PercolakeError):
     """The table has no committed write at or before the snapshot."""
 

@@ -13,6 +13,7 @@ are finished. After Commit nothing calls the JVM, so a stopping query cannot str
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -32,6 +33,7 @@ from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.checkpoint_offsets import batch_source_offsets, check_checkpoint_location
 from sparkside.client import CoordinatorClient
+from sparkside.column_mapping import ColumnMapping
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
 from sparkside.errors import (
@@ -102,6 +104,8 @@ class BatchTransaction:
                 table, later they must match the table.
 
         Raises:
+            UnsupportedTableFeature: the table requires a Delta feature percolake cannot write
+                (docs/delta-features.md); nothing was declared or written.
             SchemaMismatch: the schema does not fit the table (nothing was written).
             WriteConflict: another live transaction holds the table.
         """
@@ -111,6 +115,8 @@ class BatchTransaction:
         if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
+        # before the declare: a table percolake cannot write is refused with nothing declared
+        mapping = ColumnMapping.of(self._schemas.check_features(canonical))
         location = self.locations.get(canonical) or self._declare(table, canonical)
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
@@ -120,7 +126,13 @@ class BatchTransaction:
         self._tables.append(canonical)
 
         def write_table() -> TableWriteRecord:
-            adds = write_files(df, canonical, location, partitions)
+            if mapping is None:
+                adds = write_files(df, canonical, location, partitions)
+            else:  # physical names and field ids; the intent keys partitions by column
+                adds = [dataclasses.replace(a, partition_values=mapping.logical_values(
+                    a.partition_values)) for a in write_files(
+                        mapping.frame(df), canonical, location,
+                        mapping.partition_columns(partitions), mapping.physical)]
             fail_point("mid-prewrite", self.batch_id)
             replace = ()
             if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
