@@ -14,8 +14,6 @@ are finished. After Commit nothing calls the JVM, so a stopping query cannot str
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,11 +43,10 @@ from sparkside.errors import (
 from sparkside.heartbeat import Heartbeat
 from sparkside.reader import read_table_version, snapshot_once_completed, topology_request
 from sparkside.schema_check import SchemaChecker
-from sparkside.session import use_object_store_settings
+from sparkside.session import run_executors_on_driver_python, use_object_store_settings
 from sparkside.writer import delta_schema_json, write_files
 
 log = logging.getLogger("percolake.participant")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 UserFunction = Callable[[DataFrame, int, "BatchTransaction"], Any]
 MODES = {m.value: m for m in WriteMode}
@@ -249,7 +246,9 @@ class Participant:
 
     def run_batch(self, batch_df: DataFrame, batch_id: int, fn: UserFunction) -> None:
         """Runs one micro-batch as one transaction (see the module doc)."""
-        query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        context = batch_df.sparkSession.sparkContext
+        run_executors_on_driver_python(context)  # before any write job of the batch
+        query_id = context.getLocalProperty("sql.streaming.queryId")
         self._register(query_id)
         request = pb.OpenTransactionRequest(pipeline_id=self.pipeline_id, batch_id=batch_id,
                                             epoch=self.epoch)

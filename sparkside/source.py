@@ -44,6 +44,7 @@ from percolake.v1 import coordinator_pb2 as pb
 from sparkside.client import CoordinatorClient
 from sparkside.delta_log import TableLog
 from sparkside.errors import BatchRefused, InvalidRequest
+from sparkside.session import run_executors_on_driver_python
 from sparkside.source_files import FilePartition, read_file
 
 FORMAT = "percolake"
@@ -51,7 +52,9 @@ REGISTER_ATTEMPTS = 3
 
 
 def register(spark: SparkSession) -> None:
-    """Registers the ``percolake`` streaming source on ``spark`` (once per session)."""
+    """Registers the ``percolake`` streaming source on ``spark`` (once per session); its
+    planner and readers run the driver's Python unless the user chose another."""
+    run_executors_on_driver_python(spark.sparkContext)
     spark.dataSource.register(PercolakeDataSource)
 
 
