@@ -2,9 +2,9 @@
 
 ``configure_spark(builder)`` adds delta-spark to a user's ``SparkSession.builder``: its jar
 (fetched by Spark from Maven Central on first use, see ``spark.jars.packages``), its SQL
-extension and catalog, and the executors' Python (``PYSPARK_PYTHON``); with a warehouse on S3 also Hadoop's S3
-connector and ``fs.s3a.*`` from the AWS environment. ``local_spark`` is the session of
-percolake's tests and demo (local, or on a cluster's master), built on it.
+extension and catalog, and the executors' Python (``PYSPARK_PYTHON``); with a warehouse on S3
+also Hadoop's S3 connector and ``fs.s3a.*`` from the AWS environment. ``local_spark`` is the
+session of percolake's tests and demo (local, or on a cluster's master), built on it.
 """
 
 from __future__ import annotations
