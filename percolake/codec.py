@@ -74,12 +74,14 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         partition_by=tuple(msg.partition_by),
         replace_partitions=tuple(_partition_values(dict(p.values), list(p.null_columns))
                                  for p in msg.replace_partitions),
+        merge_schema=msg.merge_schema,
     )
 
 
 def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
     msg = pb.TableWrite(table=write.table, mode=_MODE_TO_PB[write.mode],
-                        schema_json=write.schema_json, partition_by=list(write.partition_by))
+                        schema_json=write.schema_json, partition_by=list(write.partition_by),
+                        merge_schema=write.merge_schema)
     for f in write.add_files:
         values, nulls = _partition_fields(f.partition_values)
         msg.add_files.add(path=f.path, size=f.size, partition_values=values,

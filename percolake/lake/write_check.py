@@ -17,6 +17,8 @@ what ``apply_table_write`` (delta-rs 1.6) really does, measured:
   parse fails the apply for ever. The kernel itself decides: unseen values are committed once
   to a throwaway in-memory table, and the verdict is remembered.
 - Removes (overwrites) on a ``delta.appendOnly`` table fail.
+- A ``merge_schema`` write may add columns: the apply commits them with the data in a log entry
+  of its own (``percolake.lake.log_entry``); a column of another type cannot be merged.
 
 Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that does not fit
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
@@ -50,6 +52,7 @@ from percolake.lake.delta_commit import (
     describe_schema_mismatch,
     table_layout,
 )
+from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
     check_table_location,
@@ -217,7 +220,8 @@ class WriteChecker:
                 f"table {table}: delta-rs cannot read the table's log, so nothing can be "
                 f"committed to it ({exc})") from None
         if layout is not None:
-            problem = self._mismatch(layout, schema, write.partition_by)
+            problem = (merge_problem(layout, schema, write.partition_by) if write.merge_schema
+                       else self._mismatch(layout, schema, write.partition_by))
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
                                          f"version {layout.version}: {problem}")
@@ -276,6 +280,23 @@ class WriteChecker:
             if len(self._parsed) > MAX_REMEMBERED:
                 self._parsed.clear()
             self._parsed.update((delta_type, v) for v in unseen)
+
+
+def merge_problem(layout: TableLayout, schema: str,
+                   partition_by: tuple[str, ...]) -> str | None:
+    """Why a ``merge_schema`` write cannot be committed to the table, None if it can: its
+    columns' types must be the table's (new columns are added by the apply's own log entry)."""
+    problems = []
+    if list(partition_by) != list(layout.partition_columns):
+        problems.append(f"partitioned by {layout.partition_columns}, not {list(partition_by)}")
+    if layout.column_mapping != "none" and added_columns(layout.schema_json, schema):
+        problems.append(f"merge_schema cannot add columns to a table with column mapping "
+                        f"({layout.column_mapping}): add them with ALTER TABLE ... ADD COLUMNS")
+    try:
+        merged_schema(layout.schema_json, schema)
+    except SchemaConflict as conflict:
+        problems.append(str(conflict))
+    return "; ".join(problems) or None
 
 
 def _probe(field: dict[str, Any], values: list[str]) -> None:

@@ -99,20 +99,22 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
     REPLACE_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    MERGE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
     schema_json: str
     partition_by: _containers.RepeatedScalarFieldContainer[str]
     replace_partitions: _containers.RepeatedCompositeFieldContainer[PartitionSpec]
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ...) -> None: ...
+    merge_schema: bool
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ...) -> None: ...
 
 class PartitionSpec(_message.Message):
     __slots__ = ("values", "null_columns")
