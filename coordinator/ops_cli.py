@@ -357,13 +357,19 @@ def txn_json(txn: pb.Transaction) -> dict[str, Any]:
         "created_unix_ms": txn.created_unix_ms, "created": _iso(txn.created_unix_ms),
         "updated_unix_ms": txn.updated_unix_ms, "updated": _iso(txn.updated_unix_ms),
         "age_s": round(max(0, _now_ms() - txn.created_unix_ms) / 1000, 3),
-        "tables": [{"table": p.table, "write_location": p.write_location,
+        "tables": [{"table": p.table, "name": p.catalog_name or None,
+                    "write_location": p.write_location,
                     "mode": pb.WriteMode.Name(p.mode or pb.APPEND),
                     "prewritten": p.prewritten, "file_count": p.file_count,
                     "row_count": p.row_count, "applied": p.applied,
                     "delta_version": p.delta_version if p.applied else None}
                    for p in txn.participants],
     }
+
+
+def _named(table: dict[str, Any]) -> str:
+    """A table as the text output shows it: its location, and its catalog name if known."""
+    return f"{table['table']} ({table['name']})" if table.get("name") else table["table"]
 
 
 def pipeline_json(pipeline: pb.Pipeline) -> dict[str, Any]:
@@ -419,7 +425,7 @@ def _txn_details(txn: dict[str, Any]) -> str:
         lines.append(_table(
             ["TABLE", "MODE", "PREWRITTEN", "FILES", "ROWS", "APPLIED", "DELTA VERSION",
              "WRITE LOCATION"],
-            [[t["table"], t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
+            [[_named(t), t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
               str(t["row_count"]), "yes" if t["applied"] else "no",
               _opt(t["delta_version"]), t["write_location"]] for t in txn["tables"]]))
     return "\n".join(lines)

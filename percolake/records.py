@@ -54,6 +54,8 @@ class TableWriteRecord:
     replace_partitions: tuple[PartitionValues, ...] = ()
     # the write may add the columns of schema_json the table lacks (docs/schema-evolution.md)
     merge_schema: bool = False
+    # the writer's Spark catalog name of the table (display only: tables are keyed by location)
+    catalog_name: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -69,6 +71,8 @@ class TableWriteRecord:
         }
         if self.merge_schema:  # absent otherwise: records written before it read the same
             data["merge_schema"] = True
+        if self.catalog_name:
+            data["catalog_name"] = self.catalog_name
         return data
 
     @functools.cached_property
@@ -88,6 +92,7 @@ class TableWriteRecord:
             partition_by=tuple(data["partition_by"]),
             replace_partitions=tuple(dict(p) for p in data["replace_partitions"]),
             merge_schema=bool(data.get("merge_schema", False)),
+            catalog_name=str(data.get("catalog_name", "")),
         )
 
     def row_count(self) -> int:

@@ -28,7 +28,7 @@ from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
-from sparkside.catalog import resolve_table
+from sparkside.catalog import is_table_name, resolve_table
 from sparkside.checkpoint_offsets import batch_source_offsets, check_checkpoint_location
 from sparkside.client import CoordinatorClient
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
@@ -116,6 +116,7 @@ class BatchTransaction:
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+        catalog_name = table if is_table_name(table) else ""
         table = resolve_table(df.sparkSession, table)
         canonical = canonical_table_uri(table)
         if canonical in self._tables:
@@ -146,7 +147,7 @@ class BatchTransaction:
                             for a in adds}
                 replace = tuple(dict(values) for values in sorted(distinct, key=str))
             return TableWriteRecord(canonical, MODES[mode], tuple(adds), schema_json,
-                                    tuple(partitions), replace, merge_schema)
+                                    tuple(partitions), replace, merge_schema, catalog_name)
 
         self.running.submit(df.sparkSession, table, write_table)
 

@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, Schema, write_deltalake
 
-from percolake.errors import FailedPrecondition
+from coordinator.validation import check_table_write
+from percolake import codec
+from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import delta_commit, log_entry
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.delta_commit import apply_table_write, table_layout
@@ -185,6 +187,16 @@ def test_log_paths_are_encoded_as_delta_rs_encodes_them(tmp_path):
     logged = [json.loads(line) for line in
               (root / "_delta_log" / f"{1:020d}.json").read_text().splitlines()]
     assert [a["add"]["path"] for a in logged if "add" in a] == [log_entry.log_path(name)]
+
+
+def test_merge_schema_and_the_catalog_name_survive_the_record_and_the_wire(table):
+    write = dataclasses.replace(new_column_write(table), catalog_name="sales.orders")
+    assert TableWriteRecord.from_json(json.loads(write.json_text)) == write
+    assert codec.table_write_from_pb(codec.table_write_to_pb(write)) == write
+    plain = new_column_write(table, merge=False)
+    assert "merge_schema" not in plain.to_json() and "catalog_name" not in plain.to_json()
+    with pytest.raises(InvalidArgument, match="catalog_name"):
+        check_table_write(dataclasses.replace(write, catalog_name="x" * 2000), "txn-1", 1 << 20)
 
 
 # ---------------------------------------------------------------- the source's new columns

@@ -15,6 +15,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from coordinator.ops_cli import transaction_json
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant
@@ -154,6 +155,8 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
         spark.range(4), f"spark_catalog.{database}.orders"))
     txn = transactions(lake_daemon.stub, participant.pipeline_id)[0]
     assert [p.table for p in txn.participants] == [canonical_table_uri(str(lake / "orders"))]
+    shown = transaction_json(txn)["tables"][0]  # what the CLI and the web view show
+    assert shown["name"] == f"spark_catalog.{database}.orders"
     snap = ConsistentReader(spark, lake_daemon.target).snapshot([f"{database}.orders"])
     assert snap.table(f"{database}.orders").count() == 4
     assert sorted(r.id for r in spark.table(f"{database}.orders").collect()) == [0, 1, 2, 3]
