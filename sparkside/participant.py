@@ -125,8 +125,7 @@ class BatchTransaction:
         location = self.locations.get(canonical) or self._declare(table, canonical)
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
-        df = conform_batch(df, self._schemas.layout(canonical), merge_schema, canonical,
-                           self.batch_id)
+        df = conform_batch(df, self._schemas.layout(canonical), canonical, self.batch_id)
         schema_json = delta_schema_json(df)
         partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
                                          mode, self.batch_id, merge_schema)

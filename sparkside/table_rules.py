@@ -106,13 +106,12 @@ def referenced_columns(expression: str, columns: list[str]) -> tuple[str, ...]:
     return tuple(column for _, column in sorted(found))
 
 
-def conform_batch(df: DataFrame, layout: TableLayout | None, merge_schema: bool,
-                  table: str, batch_id: int) -> DataFrame:
+def conform_batch(df: DataFrame, layout: TableLayout | None, table: str,
+                  batch_id: int) -> DataFrame:
     """``df`` shaped to the table, with the table's rules as a raising filter (module doc).
 
     Raises:
-        SchemaMismatch: columns the table lacks without ``merge_schema`` (naming the option),
-            or two batch columns that name one table column.
+        SchemaMismatch: two batch columns that name one table column.
     """
     if layout is None:
         return df
@@ -142,12 +141,7 @@ def conform_batch(df: DataFrame, layout: TableLayout | None, merge_schema: bool,
             generated.append((name, expression))
         else:
             columns.append(F.lit(None).cast(spark_fields[name].dataType).alias(name))
-    new = list(batch_by_key.values())
-    if new and not merge_schema:
-        raise SchemaMismatch(
-            f"batch {batch_id} does not fit table {table}: unknown columns {sorted(new)}. Write "
-            "with txn.write(..., merge_schema=True) to add them to the table in the batch's own "
-            "commit. Nothing was written.")
+    new = list(batch_by_key.values())  # refused by the schema check without merge_schema
     shaped = df.select(*columns, *[F.col(quoted(n)) for n in new])
     if generated:  # computed from the batch's columns, already named as the table's
         shaped = shaped.select("*", *[F.expr(e).cast(spark_fields[n].dataType).alias(n)

@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from coordinator.ops_cli import transaction_json
+from coordinator.ops_cli import txn_json
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant
@@ -155,7 +155,7 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
         spark.range(4), f"spark_catalog.{database}.orders"))
     txn = transactions(lake_daemon.stub, participant.pipeline_id)[0]
     assert [p.table for p in txn.participants] == [canonical_table_uri(str(lake / "orders"))]
-    shown = transaction_json(txn)["tables"][0]  # what the CLI and the web view show
+    shown = txn_json(txn)["tables"][0]  # what the CLI and the web view show
     assert shown["name"] == f"spark_catalog.{database}.orders"
     snap = ConsistentReader(spark, lake_daemon.target).snapshot([f"{database}.orders"])
     assert snap.table(f"{database}.orders").count() == 4
