@@ -29,6 +29,7 @@ _HOMES = {
     "ConsistentReader": "sparkside.reader",
     "Snapshot": "sparkside.reader",
     "register": "sparkside.source",
+    "resolve_table": "sparkside.catalog",
     "configure_spark": "sparkside.session",
     "local_spark": "sparkside.session",
 }

@@ -44,6 +44,7 @@ from percolake.credentials import ClientSecurity
 from percolake.lake import storage
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.v1 import coordinator_pb2 as pb
+from sparkside.catalog import is_table_name
 from sparkside.client import CoordinatorClient
 from sparkside.delta_log import TableLog
 from sparkside.errors import BatchRefused, InvalidRequest
@@ -117,6 +118,11 @@ class SourceOptions:
             raise ValueError(f"the percolake source needs {', '.join(missing)}: "
                              'readStream.format("percolake").option("coordinator", "host:port")'
                              '.option("pipeline", "<reading pipeline>").load("<table>")')
+        if is_table_name(str(table)):
+            raise ValueError(
+                f"the percolake source takes a table's path or URI, not the catalog name "
+                f"{table!r}: its planner runs in a Python worker, without the session's "
+                f"catalog. Load it by location: .load(sparkside.resolve_table(spark, {table!r}))")
         new_columns = str(options.get("new_columns", "fail")).lower()
         if new_columns not in NEW_COLUMNS:
             raise ValueError(f"option new_columns must be one of {NEW_COLUMNS}, got "

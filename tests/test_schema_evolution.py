@@ -25,8 +25,10 @@ from percolake.lake.delta_commit import apply_table_write, table_layout
 from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
 from percolake.lake.write_check import WriteChecker
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from sparkside.catalog import is_table_name, resolve_table
 from sparkside.delta_log import DataFile
-from sparkside.errors import UpstreamSchemaChanged
+from sparkside.errors import UnknownTable, UpstreamSchemaChanged
+from sparkside.source import SourceOptions
 from sparkside.source_files import FilePartition, read_file
 from sparkside.table_rules import not_null_paths, referenced_columns, table_rules
 
@@ -212,3 +214,16 @@ def test_the_source_refuses_a_file_with_columns_added_upstream_unless_told_to_ig
         list(read_file(partition, started_with))
     rows = [b.to_pylist() for b in read_file(partition, started_with, ignore_new_columns=True)]
     assert rows == [[{"id": 1}]]
+
+
+def test_names_and_paths_are_told_apart_and_the_source_refuses_a_name_saying_what_to_do():
+    for name in ("orders", "sales.orders", "spark_catalog.sales.orders", "`my db`.`t-1`"):
+        assert is_table_name(name), name
+    for path in ("/lake/orders", "file:///lake/o", "s3://bucket/o", "s3a://b/o", "lake/o",
+                 "a.b.c.d"):
+        assert not is_table_name(path), path
+    assert resolve_table(None, "/lake/orders") == "/lake/orders"
+    with pytest.raises(UnknownTable, match="'sales.orders'"):
+        resolve_table(None, "sales.orders")
+    with pytest.raises(ValueError, match=r"resolve_table\(spark, 'sales.orders'\)"):
+        SourceOptions.of({"path": "sales.orders", "coordinator": "h:1", "pipeline": "p"})
