@@ -59,7 +59,7 @@ def metadata_action(metadata: Any, schema_json: str) -> dict[str, Any]:
     return {"metaData": action}
 
 
-def commit_info(mode: str, partition_by: list[str], tags: Mapping[str, str],
+def commit_info(mode: str, partition_by: list[str], tags: Mapping[str, object],
                 now_ms: int) -> dict[str, Any]:
     """The entry's ``commitInfo``: ``tags`` at its top level, as delta-rs's custom metadata."""
     return {"commitInfo": {"timestamp": now_ms, "operation": "WRITE",
