@@ -349,7 +349,8 @@ def transaction_html(txn: dict[str, Any]) -> str:
     tables = _table(
         ["Table", "Mode", "Prewritten", "Files", "Rows", "Applied", "Delta version",
          "Write location"],
-        [[_e(t["table"]), _e(t["mode"]), _e("yes" if t["prewritten"] else "no"),
+        [[_e(t["table"] + (f" ({t['name']})" if t.get("name") else "")), _e(t["mode"]),
+          _e("yes" if t["prewritten"] else "no"),
           _e(t["file_count"]), _e(t["row_count"]), _e("yes" if t["applied"] else "no"),
           _e(t["delta_version"]), _e(t["write_location"])] for t in txn["tables"]],
         "no tables")

@@ -14,6 +14,7 @@ from typing import Any
 _HOMES = {
     "BatchRefused": "sparkside.errors",
     "CommitOutcomeUnknown": "sparkside.errors",
+    "ConstraintViolation": "sparkside.errors",
     "CoordinatorUnavailable": "sparkside.errors",
     "NotAppendOnly": "sparkside.errors",
     "PercolakeError": "sparkside.errors",
@@ -21,12 +22,15 @@ _HOMES = {
     "TableNotWritten": "sparkside.errors",
     "TransactionAborted": "sparkside.errors",
     "UnsupportedTableFeature": "sparkside.errors",
+    "UnknownTable": "sparkside.errors",
+    "UpstreamSchemaChanged": "sparkside.errors",
     "WriteConflict": "sparkside.errors",
     "BatchTransaction": "sparkside.participant",
     "Participant": "sparkside.participant",
     "ConsistentReader": "sparkside.reader",
     "Snapshot": "sparkside.reader",
     "register": "sparkside.source",
+    "resolve_table": "sparkside.catalog",
     "configure_spark": "sparkside.session",
     "local_spark": "sparkside.session",
 }

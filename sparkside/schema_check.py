@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from percolake.lake.delta_commit import TableLayout, describe_schema_mismatch
 from percolake.lake.table_features import refusal
-from percolake.lake.write_check import LayoutCache
+from percolake.lake.write_check import LayoutCache, merge_problem
 from sparkside.errors import SchemaMismatch, UnsupportedTableFeature
 
 
@@ -39,8 +39,10 @@ class SchemaChecker:
         return layout
 
     def check(self, table: str, schema_json: str, partition_by: list[str], mode: str,
-              batch_id: int) -> list[str]:
+              batch_id: int, merge_schema: bool = False) -> list[str]:
         """The partition columns the write uses (the table's when ``partition_by`` is empty).
+        With ``merge_schema`` the batch may have columns the table lacks, as the coordinator's
+        check allows (``merge_problem``).
 
         Raises:
             SchemaMismatch: the batch's columns or partitioning do not fit the table.
@@ -52,8 +54,11 @@ class SchemaChecker:
                 raise ValueError(f"overwrite_partitions of new table {table} needs partition_by")
             return partition_by
         current = layout.partition_columns
-        problem = describe_schema_mismatch(layout.schema_json, schema_json,
-                                           partition_by or None, current)
+        if merge_schema:
+            problem = merge_problem(layout, schema_json, tuple(partition_by or current))
+        else:
+            problem = describe_schema_mismatch(layout.schema_json, schema_json,
+                                               partition_by or None, current)
         if problem:
             raise SchemaMismatch(f"batch {batch_id} does not fit table {table}: {problem}. "
                                  "Nothing was written.")

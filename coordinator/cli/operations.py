@@ -303,6 +303,11 @@ def _opt(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
+def _named(table: dict[str, Any]) -> str:
+    """A table as the text output shows it: its location, and its catalog name if known."""
+    return f"{table['table']} ({table['name']})" if table.get("name") else table["table"]
+
+
 def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
@@ -339,7 +344,7 @@ def _txn_details(txn: dict[str, Any]) -> str:
         lines.append(_table(
             ["TABLE", "MODE", "PREWRITTEN", "FILES", "ROWS", "APPLIED", "DELTA VERSION",
              "WRITE LOCATION"],
-            [[t["table"], t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
+            [[_named(t), t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
               str(t["row_count"]), "yes" if t["applied"] else "no",
               _opt(t["delta_version"]), t["write_location"]] for t in txn["tables"]]))
     return "\n".join(lines)

@@ -312,7 +312,8 @@ class Writing(CoreState):
             checked.append(TableWriteRecord(
                 table=table, mode=write.mode, add_files=write.add_files,
                 schema_json=write.schema_json, partition_by=write.partition_by,
-                replace_partitions=write.replace_partitions,
+                replace_partitions=write.replace_partitions, merge_schema=write.merge_schema,
+                catalog_name=write.catalog_name,
             ))
         return checked
 

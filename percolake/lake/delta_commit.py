@@ -31,6 +31,15 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from percolake.errors import FailedPrecondition, Unavailable
 from percolake.lake import storage
+from percolake.lake.log_entry import (
+    add_action,
+    commit_info,
+    metadata_action,
+    now_ms,
+    put_entry,
+    remove_action,
+)
+from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.table_features import (
     TableProtocol,
     partition_filters,
@@ -202,6 +211,19 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             if refused:
                 raise _apply_refused(write.table, txn_id, refused)
             mode, actions, filters = _write_actions(table, write, layout)
+            evolved = evolved_schema(table, write)
+            if evolved is not None:  # data and new schema in one commit: a log entry of ours
+                if mode != "append":  # the write check refuses this before the commit point
+                    raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
+                                         "table with deletion vectors")
+                if put_entry(write.table, table.version() + 1, _entry_actions(
+                        write, actions, table, evolved, properties)):
+                    table.update_incremental()
+                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                log.info("concurrent Delta commit; re-checking", extra={
+                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
             table.create_write_transaction(
                 actions, mode, schema if mode == "append" else table.schema(),
                 partition_by=list(write.partition_by) or None, partition_filters=filters,
@@ -232,6 +254,37 @@ def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
                "it forward")
     log.error(message, extra={"table": table, "txn_id": txn_id})
     return ApplyRefused(message)
+
+
+def evolved_schema(table: DeltaTable, write: TableWriteRecord) -> str | None:
+    """The schema a ``merge_schema`` write gives the table, None if it keeps the table's (no
+    new column, or an earlier apply or another writer added them already)."""
+    if not write.merge_schema:
+        return None
+    current = table.schema().to_json()
+    merged = merged_schema(current, write.schema_json)
+    return None if json.loads(merged) == json.loads(current) else merged
+
+
+def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveAction],
+                   table: DeltaTable, schema_json: str,
+                   properties: CommitProperties) -> list[dict]:
+    """The log entry of a write that changes the schema: what delta-rs would commit for
+    ``actions``, plus the ``metaData`` action."""
+    now = now_ms()
+    app = properties.app_transactions[0]
+    entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
+                         list(write.partition_by), properties.custom_metadata or {}, now),
+             {"txn": {"appId": app.app_id, "version": app.version, "lastUpdated": now}},
+             metadata_action(table.metadata(), schema_json)]
+    by_path = {f.path: f for f in write.add_files}
+    for action in actions:
+        if isinstance(action, RemoveAction):
+            entry.append(remove_action(action.path, action.size or 0,
+                                       action.partition_values or {}, now))
+        else:
+            entry.append(add_action(by_path[action.path]))
+    return entry
 
 
 def _lost_a_race(exc: Exception) -> bool:
@@ -454,6 +507,11 @@ class TableLayout(NamedTuple):
     partition_columns: list[str]
     append_only: bool = False  # delta.appendOnly: no remove may change data
     protocol: TableProtocol = TableProtocol()  # the features it requires (table_features)
+    constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
+    column_mapping: str = "none"  # delta.columnMapping.mode
+
+
+CONSTRAINT_PREFIX = "delta.constraints."
 
 
 def table_layout(table_uri: str) -> TableLayout | None:
@@ -466,13 +524,18 @@ def table_layout(table_uri: str) -> TableLayout | None:
 
 def _layout_of(table: DeltaTable) -> TableLayout:
     metadata = table.metadata()
-    append_only = str(metadata.configuration.get("delta.appendOnly")).lower() == "true"
+    configuration = metadata.configuration
+    append_only = str(configuration.get("delta.appendOnly")).lower() == "true"
     versions = table.protocol()
     protocol = table_protocol(versions.min_reader_version, versions.min_writer_version,
                               versions.reader_features, versions.writer_features,
-                              metadata.configuration)
+                              configuration)
+    constraints = tuple(sorted((key.removeprefix(CONSTRAINT_PREFIX), value)
+                               for key, value in configuration.items()
+                               if key.startswith(CONSTRAINT_PREFIX)))
     return TableLayout(table.version(), table.schema().to_json(),
-                       list(metadata.partition_columns), append_only, protocol)
+                       list(metadata.partition_columns), append_only, protocol, constraints,
+                       configuration.get("delta.columnMapping.mode") or "none")
 
 
 def commit_file(table_uri: str, version: int) -> Path:
@@ -499,7 +562,8 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
     if missing:
         problems.append(f"missing columns {missing}")
     if extra:
-        problems.append(f"unknown columns {extra}")
+        problems.append(f"unknown columns {extra} (txn.write(..., merge_schema=True) adds them "
+                        "to the table)")
     for name in sorted(set(existing) & set(new)):
         if _shape(existing[name]["type"]) != _shape(new[name]["type"]):
             problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "

@@ -20,6 +20,8 @@ what ``apply_table_write`` (delta-rs 1.6) really does, measured:
 - delta-rs refuses to commit to a table whose protocol requires a feature it does not
   implement, and some features it accepts need what percolake does not write
   (``table_features``): the table's protocol, re-read with its layout, is checked each time.
+- A ``merge_schema`` write may add columns: the apply commits them with the data in a log entry
+  of its own (``percolake.lake.log_entry``); a column of another type cannot be merged.
 
 Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that does not fit
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
@@ -53,6 +55,7 @@ from percolake.lake.delta_commit import (
     describe_schema_mismatch,
     table_layout,
 )
+from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
 from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
@@ -231,7 +234,15 @@ class WriteChecker:
             refused = refusal(table, layout.protocol, write)
             if refused:
                 raise FailedPrecondition(refused)
-            problem = self._mismatch(layout, schema, write.partition_by)
+            if write.merge_schema and write.mode != WriteMode.APPEND \
+                    and layout.protocol.has("deletionVectors"):
+                raise FailedPrecondition(
+                    f"table {table}: merge_schema=True with mode {write.mode.value!r} on a "
+                    "table with deletion vectors is not supported (the new columns and the "
+                    "removes cannot be committed together); add the columns with an append "
+                    "(merge_schema=True) first, or with delta-spark's ALTER TABLE ADD COLUMNS")
+            problem = (merge_problem(layout, schema, write.partition_by) if write.merge_schema
+                       else self._mismatch(layout, schema, write.partition_by))
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
                                          f"version {layout.version}: {problem}")
@@ -290,6 +301,23 @@ class WriteChecker:
             if len(self._parsed) > MAX_REMEMBERED:
                 self._parsed.clear()
             self._parsed.update((delta_type, v) for v in unseen)
+
+
+def merge_problem(layout: TableLayout, schema: str,
+                   partition_by: tuple[str, ...]) -> str | None:
+    """Why a ``merge_schema`` write cannot be committed to the table, None if it can: its
+    columns' types must be the table's (new columns are added by the apply's own log entry)."""
+    problems = []
+    if list(partition_by) != list(layout.partition_columns):
+        problems.append(f"partitioned by {layout.partition_columns}, not {list(partition_by)}")
+    if layout.column_mapping != "none" and added_columns(layout.schema_json, schema):
+        problems.append(f"merge_schema cannot add columns to a table with column mapping "
+                        f"({layout.column_mapping}): add them with ALTER TABLE ... ADD COLUMNS")
+    try:
+        merged_schema(layout.schema_json, schema)
+    except SchemaConflict as conflict:
+        problems.append(str(conflict))
+    return "; ".join(problems) or None
 
 
 def _probe(field: dict[str, Any], values: list[str]) -> None:
