@@ -561,6 +561,12 @@ class TopologyModel(RuleBasedStateMachine):
         """Completed barriers never go back; every accepted commit is a change at its barrier
         and nothing else is; the changes up to a completed barrier never change (T2, I13)."""
         view = {t.table: t.completed_barrier for t in self.core.get_topology().tables}
+        for table in (t for t in self.owner if t not in self.accepted):  # no commit yet
+            completed = view.get(table)
+            if completed is not None:
+                assert completed >= self.completed.get(table, 0), (
+                    f"{table}: completed barrier {completed} after {self.completed[table]}")
+                self.completed[table] = completed
         for table, commits in self.accepted.items():
             completed = view.get(table)
             if completed is None:
