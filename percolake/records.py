@@ -21,6 +21,7 @@ class WriteMode(enum.Enum):
     APPEND = "append"
     OVERWRITE = "overwrite"
     OVERWRITE_PARTITIONS = "overwrite_partitions"
+    ROW_LEVEL = "row_level"  # MERGE, UPDATE, DELETE: explicit removes beside the adds
 
 
 PartitionValues = dict[str, "str | None"]
@@ -43,6 +44,15 @@ class AddFileRecord:
 
 
 @dataclass(frozen=True)
+class RemoveFileRecord:
+    """One data file a row-level write removes; ``path`` is relative to the table root."""
+
+    path: str
+    size: int
+    partition_values: PartitionValues = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TableWriteRecord:
     """The full write intent of one table: enough to finish its Delta commit alone."""
 
@@ -52,8 +62,24 @@ class TableWriteRecord:
     schema_json: str
     partition_by: tuple[str, ...] = ()
     replace_partitions: tuple[PartitionValues, ...] = ()
+    # ROW_LEVEL only (docs/row-level-writes.md): the files it replaces, the table version it
+    # read (I12: checked against the log before the commit point and at the apply), and the
+    # operations it composes ("MERGE", "UPDATE", "DELETE", comma-separated in call order) with
+    # their Delta operation metrics (a JSON object) for the commitInfo.
+    remove_files: tuple[RemoveFileRecord, ...] = ()
+    read_version: int = -1
+    operation: str = ""
+    operation_metrics: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
+            "remove_files": [{"path": f.path, "size": f.size,
+                              "partition_values": dict(f.partition_values)}
+                             for f in self.remove_files],
+            "read_version": self.read_version,
+            "operation": self.operation,
+            "operation_metrics": self.operation_metrics,
+        }
         return {
             "table": self.table,
             "mode": self.mode.value,
@@ -64,6 +90,7 @@ class TableWriteRecord:
             "schema_json": self.schema_json,
             "partition_by": list(self.partition_by),
             "replace_partitions": [dict(p) for p in self.replace_partitions],
+            **row_level,
         }
 
     @functools.cached_property
@@ -82,6 +109,10 @@ class TableWriteRecord:
             schema_json=data["schema_json"],
             partition_by=tuple(data["partition_by"]),
             replace_partitions=tuple(dict(p) for p in data["replace_partitions"]),
+            remove_files=tuple(RemoveFileRecord(**f) for f in data.get("remove_files", ())),
+            read_version=data.get("read_version", -1),
+            operation=data.get("operation", ""),
+            operation_metrics=data.get("operation_metrics", ""),
         )
 
     def row_count(self) -> int:
