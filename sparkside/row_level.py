@@ -82,6 +82,7 @@ class RowLevelTable:
     schema_json: str
     partition_by: list[str]
     base: dict[str, AddFileRecord]  # the files of read_version, by relative path
+    deletion_vectors: bool = False  # the table's protocol has deletion vectors
     removed: dict[str, RemoveFileRecord] = field(default_factory=dict)
     added: dict[str, AddFileRecord] = field(default_factory=dict)
     added_folders: dict[str, str] = field(default_factory=dict)  # added path -> its op folder
@@ -110,8 +111,10 @@ class RowLevelTable:
                     "writes do not support it yet (files hold physical column names)")
         version = delta.version()
         files = files_of_version(table, version)
+        readers = delta.protocol().reader_features or []
         return cls(spark, table, location, version, files.schema_json,
-                   list(files.partition_columns), {f.path: f for f in files.files})
+                   list(files.partition_columns), {f.path: f for f in files.files},
+                   deletion_vectors="deletionVectors" in readers)
 
     # ------------------------------------------------------------------ reading
 
@@ -141,6 +144,8 @@ class RowLevelTable:
                 metrics: dict[str, int]) -> dict[str, int]:
         """Writes ``output`` (rows in the table's columns) as new files and replaces the files
         ``touched`` (``_metadata.file_path`` values) with them; adds the file metrics."""
+        if self.deletion_vectors:
+            self._refuse_deletion_vectors(touched)
         adds: list[AddFileRecord] = []
         if output is not None:
             folder = f"{self.location}/op{len(self.operations)}"
@@ -166,6 +171,25 @@ class RowLevelTable:
         self.operations.append(operation)
         self.metrics_update(metrics)
         return metrics
+
+    def _refuse_deletion_vectors(self, touched: Sequence[str]) -> None:
+        """Copy-on-write of a file that carries a deletion vector would need a remove carrying
+        that vector, which delta-rs cannot write: such files are refused, found as those whose
+        visible rows are fewer than their numRecords (delta-rs does not show the vectors)."""
+        base = [p for p in touched if self._relative(p) not in self.added]
+        if not base:
+            return
+        visible = {r[0]: r[1] for r in self.current().where(F.col(FILE).isin(base))
+                   .groupBy(FILE).count().collect()}
+        for spark_path in base:
+            file = self.base[self._relative(spark_path)]
+            stats = json.loads(file.stats) if file.stats else {}
+            if stats.get("numRecords") != visible.get(spark_path, 0):
+                raise RowLevelWriteRefused(
+                    f"table {self.table}: file {file.path} carries a deletion vector (or has "
+                    "no row count); percolake's copy-on-write cannot remove it with its "
+                    "deletion vector yet. Purge the table's deletion vectors first (REORG "
+                    "TABLE ... APPLY (PURGE)) or disable them (docs/row-level-writes.md)")
 
     def metrics_update(self, metrics: dict[str, int]) -> None:
         """Adds an operation's row metrics (observed while its files were written)."""

@@ -14,11 +14,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow
 import pytest
+from delta.tables import DeltaTable
 from deltalake import DeltaTable as RustTable
 from deltalake import write_deltalake
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from percolake.lake.arrow_read import read_delta_table
 from sparkside import Participant
@@ -90,13 +92,6 @@ def cdc_merge(dt, source: DataFrame) -> object:  # noqa: ANN001
             .execute())
 
 
-@pytest.fixture(scope="module")
-def participant(lake_daemon) -> Participant:  # noqa: ANN001
-    made = Participant(lake_daemon.target, pipeline_id="row-level", retry_s=30)
-    yield made
-    made.close()
-
-
 @pytest.mark.parametrize("partitioned", [False, True])
 def test_cdc_merge_equals_delta_spark(spark, lake_daemon, lake, partitioned) -> None:  # noqa: ANN001
     rng = random.Random(7 + partitioned)
@@ -131,13 +126,10 @@ def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, la
         dt.update("region = 'eu'", {"value": "value * 10"})
 
     def delete(dt, src: DataFrame) -> None:  # noqa: ANN001
-        from pyspark.sql import functions as F
         dt.delete(F.col("value") > 500)
 
     ours, _ = side_by_side(spark, participant, lake, "dim", target_rows(rng, 30), True,
-                           [full_merge, update, delete], source.drop("op").join(
-                               source.select("id", "op"), "id", "left")
-                           .select("id", "value", "region", "op"))
+                           [full_merge, update, delete], source)
     history = RustTable(str(ours)).history()
     assert len(history) == 2, "the batch's three operations are one Delta commit"
     assert history[0]["percolake.operation"] == "MERGE,UPDATE,DELETE"
@@ -158,9 +150,8 @@ def test_several_source_rows_matching_one_target_row_fail_naming_it(spark, lake_
     with pytest.raises(Exception, match="MULTIPLE_SOURCE_ROW"):  # delta-spark fails the same
         cdc_merge(DeltaTable.forPath(spark, str(table)), source)
     assert RustTable(str(table)).version() == 0
-    attempt = transactions(participant.client._stub_for_tests(), participant.pipeline_id)[0] \
-        if False else None
-    assert attempt is None
+    [attempt] = transactions(lake_daemon.stub, participant.pipeline_id)
+    assert "MULTIPLE_SOURCE_ROW" in attempt.abort_reason
     assert not any((table / "_percolake").glob("*/*")), "the aborted attempt's files are gone"
 
 
@@ -205,7 +196,6 @@ def test_an_outside_commit_after_the_read_aborts_the_attempt_and_the_batch_retri
         cdc_merge(txn.delta_table(str(table)), source)
         attempts.append(txn.txn_id)
         if len(attempts) == 1:  # another writer appends after this attempt read the table
-            import pyarrow
             write_deltalake(str(table), pyarrow.table(
                 {"id": [3], "value": [7], "region": ["ap"]}), mode="append")
 
@@ -233,3 +223,22 @@ def test_a_delta_spark_write_inside_the_batch_fails_it_naming_txn_delta_table(
         participant.run_batch(spark.range(1), 0, batch)
     history = [json.dumps(h) for h in RustTable(str(table)).history()]
     assert not any("percolake.txn_id" in h for h in history), "nothing of the batch committed"
+
+
+def test_files_with_deletion_vectors_are_refused_and_the_others_rewritten(spark, lake_daemon,
+                                                                         lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"dv-{lake.name}")
+    table = lake / "dv"
+    (spark.createDataFrame([(1, 1, "eu"), (2, 2, "eu")], SCHEMA).coalesce(1).write
+     .format("delta").option("delta.enableDeletionVectors", "true").save(str(table)))
+    spark.createDataFrame([(3, 3, "us"), (4, 4, "us")], SCHEMA).coalesce(1).write \
+        .format("delta").mode("append").save(str(table))
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 1")  # a deletion vector on eu's file
+    assert "deletionVector" in (table / "_delta_log" / f"{2:020d}.json").read_text()
+    participant.run_batch(spark.range(1), 0, lambda df, b, txn: txn.delta_table(
+        str(table)).update("region = 'us'", {"value": "value * 100"}))
+    assert table_rows(spark, table) == [(2, 2, "eu"), (3, 300, "us"), (4, 400, "us")]
+    with pytest.raises(RowLevelWriteRefused, match="deletion vector"):
+        participant.run_batch(spark.range(1), 1, lambda df, b, txn: txn.delta_table(
+            str(table)).update("id = 2", {"value": "0"}))
+    assert table_rows(spark, table) == [(2, 2, "eu"), (3, 300, "us"), (4, 400, "us")]
