@@ -13,12 +13,17 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator import validation
+from coordinator.core import CoordinatorConfig, TransactionCoordinator
+from coordinator.store import MemoryStore
 from percolake import codec
 from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.conflicts import RowLevelConflict, check_row_level_write
 from percolake.lake.delta_commit import CannotApplyAsRead, apply_table_write, files_of_version
+from percolake.lake.warehouse import canonical_table_uri
+from percolake.lake.write_check import WriteChecker
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
+from percolake.states import TxnState
 
 APP, TXN = "percolake:p:g0", "a" * 32
 
@@ -30,9 +35,10 @@ def table(tmp_path: Path) -> Path:
     return path
 
 
-def rewrite(table: Path, ids: list[int], values: list[int]) -> TableWriteRecord:
+def rewrite(table: Path, ids: list[int], values: list[int], txn_id: str = TXN
+            ) -> TableWriteRecord:
     """A row-level write of version 0: its one file replaced by one holding ``ids``."""
-    folder = table / "_percolake" / TXN / "op0"
+    folder = table / "_percolake" / txn_id / "op0"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "part-0.parquet"
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
@@ -116,3 +122,44 @@ def test_after_commit_an_outside_rewrite_stops_the_apply_instead_of_applying_it_
     with pytest.raises(CannotApplyAsRead, match="removed 1 file"):
         apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5)
     assert rows(table) == before
+
+
+def real_core(root: Path) -> TransactionCoordinator:
+    """A coordinator core with the real pre-commit check and Delta applier (no daemon)."""
+    return TransactionCoordinator(
+        MemoryStore(), CoordinatorConfig([str(root)], txn_timeout_s=60, conflict_wait_s=0.2),
+        applier=apply_table_write, remove_files=lambda location: None,
+        write_check=WriteChecker(roots=[str(root)]).check)
+
+
+def test_the_coordinator_refuses_the_commit_of_a_write_an_outside_commit_conflicts_with(
+        tmp_path, table):
+    core = real_core(tmp_path)
+    uri = canonical_table_uri(str(table))
+    txn, _ = core.open_transaction("p", 0)
+    core.declare_tables(txn.txn_id, None, [uri])
+    write_deltalake(str(table), pa.table({"id": [9], "value": [90]}), mode="append")
+    with pytest.raises(RowLevelConflict, match="conflicts with its row-level write"):
+        core.commit(txn.txn_id, None, [uri], writes=[rewrite(table, [1], [1], txn.txn_id)])
+    assert core.get_transaction(txn.txn_id).state != TxnState.COMMITTED
+    assert rows(table) == [(1, 10), (2, 20), (3, 30), (9, 90)]
+
+
+def test_a_committed_write_an_outside_writer_broke_is_never_applied_and_keeps_its_table(
+        tmp_path, table):
+    """The window between COMMITTED and the Delta commit: the coordinator's roll-forward finds
+    the outside DELETE, applies nothing, and the table refuses the next writer naming why."""
+    core = real_core(tmp_path)
+    uri = canonical_table_uri(str(table))
+    txn, _ = core.open_transaction("p", 0)
+    core.declare_tables(txn.txn_id, None, [uri])
+    committed = core.commit(txn.txn_id, None, [uri],
+                            writes=[rewrite(table, [1, 2], [10, 25], txn.txn_id)])
+    assert committed.state == TxnState.COMMITTED
+    DeltaTable(str(table)).delete("id = 3")  # the driver died; an outside writer commits
+    before = rows(table)
+    other, _ = core.open_transaction("p", 1)  # its next batch
+    with pytest.raises(CannotApplyAsRead, match="not applied against other data"):
+        core.declare_tables(other.txn_id, None, [uri])
+    assert rows(table) == before == [(1, 10), (2, 20)]
+    assert core.get_transaction(txn.txn_id).state == TxnState.COMMITTED
