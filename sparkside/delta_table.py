@@ -215,16 +215,15 @@ def _merge(state: RowLevelTable, target: DataFrame, source: DataFrame, condition
     target = target.withColumn(T_HERE, F.lit(True))
     source_rows = Observation("percolake_merge_source")
     metrics: dict[str, int] = {}
-    if by_source:  # every target row may change
-        touched = [r[0] for r in target.select(FILE).distinct().collect()]
-    elif matched:
+    touched: list[str] = []
+    if matched:  # also when by_source: the several-matches check holds for every MERGE
         touched = _touched_by_matches(target, source.observe(source_rows, F.count(F.lit(1))
                                                              .alias("numSourceRows")),
                                       condition, columns, matched)
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
-    else:
-        touched = []
+    if by_source:  # every target row may change
+        touched = [r[0] for r in target.select(FILE).distinct().collect()]
     rewritten = target.where(F.col(FILE).isin(touched)) if touched else target.limit(0)
     if not_matched:
         joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))

@@ -149,8 +149,12 @@ def test_several_source_rows_matching_one_target_row_fail_naming_it(spark, lake_
     assert "'id': 2" in str(failed.value)
     with pytest.raises(Exception, match="MULTIPLE_SOURCE_ROW"):  # delta-spark fails the same
         cdc_merge(DeltaTable.forPath(spark, str(table)), source)
+    with pytest.raises(MultipleSourceRowsMatch):  # also beside a not-matched-by-source clause
+        participant.run_batch(spark.range(1), 0, lambda df, b, txn: (
+            txn.delta_table(str(table)).alias("t").merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedUpdateAll().whenNotMatchedBySourceDelete().execute()))
     assert RustTable(str(table)).version() == 0
-    [attempt] = transactions(lake_daemon.stub, participant.pipeline_id)
+    attempt = transactions(lake_daemon.stub, participant.pipeline_id)[0]
     assert "MULTIPLE_SOURCE_ROW" in attempt.abort_reason
     assert not any((table / "_percolake").glob("*/*")), "the aborted attempt's files are gone"
 
