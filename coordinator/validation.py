@@ -297,6 +297,7 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
         raise InvalidArgument(f"table {write.table}: partition columns {missing} not in schema")
     _check_files(write, txn_id)
     _check_partitions(write)
+    _check_row_level(write, txn_id)
     size = len(json.dumps(write.to_json()))
     if size > max_bytes:
         raise ResourceExhausted(
@@ -338,6 +339,54 @@ def _check_file_path(table: str, path: str, prefix: str) -> None:
             f"table {table}: file {path!r} must be a relative path under {prefix}")
     if "\x00" in path:
         raise InvalidArgument(f"table {table}: file path {path!r} contains a NUL character")
+
+
+ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE")
+
+
+def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
+    """A ROW_LEVEL write names the version it read, its operations and removes of files of
+    the table (never of its own attempt folder); other modes carry none of these."""
+    table = write.table
+    if write.mode != WriteMode.ROW_LEVEL:
+        if write.remove_files:
+            raise InvalidArgument(f"table {table}: remove_files needs the ROW_LEVEL mode")
+        return
+    if write.read_version < 0:
+        raise InvalidArgument(f"table {table}: a ROW_LEVEL write needs the read_version it "
+                              "read (the table must exist)")
+    operations = write.operation.split(",")
+    if not all(op in ROW_LEVEL_OPERATIONS for op in operations):
+        raise InvalidArgument(f"table {table}: operation {write.operation[:80]!r} must list "
+                              f"{'/'.join(ROW_LEVEL_OPERATIONS)} separated by commas")
+    if write.operation_metrics:
+        metrics = parse_json(f"table {table}: operation_metrics", write.operation_metrics)
+        if not isinstance(metrics, dict):
+            raise InvalidArgument(f"table {table}: operation_metrics must be a JSON object")
+    removed = Counter(f.path for f in write.remove_files)
+    twice = sorted(p for p, n in removed.items() if n > 1)[:3]
+    if twice:
+        raise InvalidArgument(f"table {table}: files removed twice: {twice}")
+    added = {f.path for f in write.add_files} & set(removed)
+    if added:
+        raise InvalidArgument(f"table {table}: files both added and removed: "
+                              f"{sorted(added)[:3]}")
+    partitions = set(write.partition_by)
+    for remove in write.remove_files:
+        parts = remove.path.split("/")
+        if (remove.path.startswith("/") or "://" in remove.path
+                or remove.path.startswith(f"{ATTEMPT_DIR}/{txn_id}/")
+                or any(p in ("", ".", "..") for p in parts) or "\x00" in remove.path):
+            raise InvalidArgument(f"table {table}: removed file {remove.path[:200]!r} must be a "
+                                  "relative path of a data file of the table")
+        if remove.size < 0:
+            raise InvalidArgument(f"table {table}: removed file {remove.path} has negative "
+                                  "size")
+        if set(remove.partition_values) != partitions:
+            raise InvalidArgument(
+                f"table {table}: removed file {remove.path} has partition values for "
+                f"{sorted(remove.partition_values)}, the table is partitioned by "
+                f"{sorted(partitions)}")
 
 
 def _check_file_numbers(table: str, add: AddFileRecord) -> None:

@@ -6,6 +6,7 @@ from percolake.errors import InvalidArgument
 from percolake.records import (
     AddFileRecord,
     PipelineRecord,
+    RemoveFileRecord,
     TableEntry,
     TableWriteRecord,
     TxnRecord,
@@ -18,6 +19,7 @@ _MODE_TO_PB = {
     WriteMode.APPEND: pb.APPEND,
     WriteMode.OVERWRITE: pb.OVERWRITE,
     WriteMode.OVERWRITE_PARTITIONS: pb.OVERWRITE_PARTITIONS,
+    WriteMode.ROW_LEVEL: pb.ROW_LEVEL,
 }
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
 _MODE_FROM_PB[pb.WRITE_MODE_UNSPECIFIED] = WriteMode.APPEND
@@ -76,6 +78,14 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
                                  for p in msg.replace_partitions),
         merge_schema=msg.merge_schema,
         catalog_name=msg.catalog_name,
+        remove_files=tuple(
+            RemoveFileRecord(path=f.path, size=f.size,
+                             partition_values=_partition_values(dict(f.partition_values),
+                                                                list(f.null_partition_columns)))
+            for f in msg.remove_files),
+        read_version=msg.read_version if msg.mode == pb.ROW_LEVEL else -1,
+        operation=msg.operation,
+        operation_metrics=msg.operation_metrics,
     )
 
 
@@ -91,6 +101,14 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
     for spec in write.replace_partitions:
         values, nulls = _partition_fields(spec)
         msg.replace_partitions.add(values=values, null_columns=nulls)
+    for f in write.remove_files:
+        values, nulls = _partition_fields(f.partition_values)
+        msg.remove_files.add(path=f.path, size=f.size, partition_values=values,
+                             null_partition_columns=nulls)
+    if write.mode == WriteMode.ROW_LEVEL:
+        msg.read_version = write.read_version
+        msg.operation = write.operation
+        msg.operation_metrics = write.operation_metrics
     return msg
 
 

@@ -21,6 +21,7 @@ class WriteMode(enum.Enum):
     APPEND = "append"
     OVERWRITE = "overwrite"
     OVERWRITE_PARTITIONS = "overwrite_partitions"
+    ROW_LEVEL = "row_level"  # MERGE, UPDATE, DELETE: explicit removes beside the adds
 
 
 PartitionValues = dict[str, "str | None"]
@@ -43,6 +44,15 @@ class AddFileRecord:
 
 
 @dataclass(frozen=True)
+class RemoveFileRecord:
+    """One data file a row-level write removes; ``path`` is relative to the table root."""
+
+    path: str
+    size: int
+    partition_values: PartitionValues = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TableWriteRecord:
     """The full write intent of one table: enough to finish its Delta commit alone."""
 
@@ -56,8 +66,24 @@ class TableWriteRecord:
     merge_schema: bool = False
     # the writer's Spark catalog name of the table (display only: tables are keyed by location)
     catalog_name: str = ""
+    # ROW_LEVEL only (docs/row-level-writes.md): the files it replaces, the table version it
+    # read (I12: checked against the log before the commit point and at the apply), and the
+    # operations it composes ("MERGE", "UPDATE", "DELETE", comma-separated in call order) with
+    # their Delta operation metrics (a JSON object) for the commitInfo.
+    remove_files: tuple[RemoveFileRecord, ...] = ()
+    read_version: int = -1
+    operation: str = ""
+    operation_metrics: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
+            "remove_files": [{"path": f.path, "size": f.size,
+                              "partition_values": dict(f.partition_values)}
+                             for f in self.remove_files],
+            "read_version": self.read_version,
+            "operation": self.operation,
+            "operation_metrics": self.operation_metrics,
+        }
         data = {
             "table": self.table,
             "mode": self.mode.value,
@@ -68,6 +94,7 @@ class TableWriteRecord:
             "schema_json": self.schema_json,
             "partition_by": list(self.partition_by),
             "replace_partitions": [dict(p) for p in self.replace_partitions],
+            **row_level,
         }
         if self.merge_schema:  # absent otherwise: records written before it read the same
             data["merge_schema"] = True
@@ -93,6 +120,10 @@ class TableWriteRecord:
             replace_partitions=tuple(dict(p) for p in data["replace_partitions"]),
             merge_schema=bool(data.get("merge_schema", False)),
             catalog_name=str(data.get("catalog_name", "")),
+            remove_files=tuple(RemoveFileRecord(**f) for f in data.get("remove_files", ())),
+            read_version=data.get("read_version", -1),
+            operation=data.get("operation", ""),
+            operation_metrics=data.get("operation_metrics", ""),
         )
 
     def row_count(self) -> int:

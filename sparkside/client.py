@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import grpc
 
 from percolake.credentials import ClientSecurity
+from percolake.lake.conflicts import ROW_LEVEL_CONFLICT_MARK
 from percolake.leader import LeaderFollower, LeaderNotReached, is_transient
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.channel import make_channel
@@ -17,6 +18,7 @@ from sparkside.errors import (
     CoordinatorUnavailable,
     InvalidRequest,
     PercolakeError,
+    RowLevelConflict,
     TransactionAborted,
     WriteConflict,
 )
@@ -32,7 +34,11 @@ def translate(exc: grpc.RpcError) -> PercolakeError:
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return BatchRefused(detail)
     if code == grpc.StatusCode.ABORTED:
-        return WriteConflict(detail) if "held by" in detail else TransactionAborted(detail)
+        if "held by" in detail:
+            return WriteConflict(detail)
+        if ROW_LEVEL_CONFLICT_MARK in detail:
+            return RowLevelConflict(detail)
+        return TransactionAborted(detail)
     if is_transient(exc):  # not reached, or still shedding load when the retry time ran out
         return CoordinatorUnavailable(f"coordinator unavailable: {detail}")
     return InvalidRequest(f"{code.name}: {detail}")

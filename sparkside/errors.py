@@ -27,6 +27,11 @@ class TransactionAborted(PercolakeError):
     """The attempt was aborted (timeout, newer attempt); Spark's retry of the batch starts anew."""
 
 
+class RowLevelConflict(TransactionAborted):
+    """A commit made outside percolake conflicts with a MERGE, UPDATE or DELETE of the batch
+    (docs/row-level-writes.md); the participant retries the batch from a fresh read."""
+
+
 class InvalidRequest(PercolakeError):
     """The coordinator refused the request as malformed, outside the warehouse, or too large."""
 
@@ -64,3 +69,23 @@ class UnknownTable(PercolakeError):
 
 class UpstreamSchemaChanged(PercolakeError):
     """An upstream table of the percolake source gained columns since the query started."""
+
+
+class RowLevelWriteRefused(PercolakeError):
+    """A MERGE, UPDATE or DELETE that percolake cannot make exactly (no table, a table feature
+    it does not support, files with deletion vectors, a delta-spark write inside the batch)."""
+
+
+class MultipleSourceRowsMatch(PercolakeError):
+    """delta-spark's DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE: several source rows
+    matched one target row of a MERGE whose matched clauses could act on it ambiguously."""
+
+    ERROR_CLASS = "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE"
+
+    def getErrorClass(self) -> str:  # noqa: N802 - PySpark's name for it
+        return self.ERROR_CLASS
+
+
+class MergeClauseError(PercolakeError, ValueError):
+    """A MERGE's clauses that delta-spark refuses too (e.g. a clause without a condition
+    before another of its kind)."""

@@ -35,16 +35,19 @@ from sparkside.client import CoordinatorClient
 from sparkside.column_mapping import ColumnMapping
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
+from sparkside.delta_table import TransactionDeltaTable
 from sparkside.errors import (
     BatchRefused,
     CommitOutcomeUnknown,
     CoordinatorUnavailable,
     InvalidRequest,
+    RowLevelConflict,
     TableNotWritten,
     WriteConflict,
 )
 from sparkside.heartbeat import Heartbeat
 from sparkside.reader import read_table_version, snapshot_once_completed, topology_request
+from sparkside.row_level import RowLevelWrites, marked_spark_writes
 from sparkside.schema_check import SchemaChecker
 from sparkside.session import run_executors_on_driver_python, use_object_store_settings
 from sparkside.table_rules import conform_batch, violation_of
@@ -82,6 +85,27 @@ class BatchTransaction:
         # Every table this attempt may write (declared at Open or by write), with its folder.
         self.locations: dict[str, str] = {loc.table: loc.write_location
                                           for loc in opened.locations}
+        self.row_level = RowLevelWrites(spark, self._location, self.batch_id, self.txn_id)
+
+    def delta_table(self, table: str) -> TransactionDeltaTable:
+        """``table`` as delta-spark's ``DeltaTable``, written within this batch: ``merge``,
+        ``update``, ``delete``, ``toDF``, ``alias`` (docs/row-level-writes.md).
+
+        Each operation is computed when called (the first one reads the table's latest
+        version, pinned for the attempt, once the attempt holds the table); later ones see
+        the earlier ones; all of them commit with the batch, as one Delta commit. ``table`` is
+        a path, a URI or a name in the session's catalog.
+        """
+        table = resolve_table(self._spark, table)
+        canonical = canonical_table_uri(table)
+        if canonical in self._tables:
+            raise ValueError(f"table {table} is written with txn.write in batch "
+                             f"{self.batch_id}; a table takes either txn.write or "
+                             "txn.delta_table in one batch")
+        return TransactionDeltaTable(lambda: self.row_level.state(table, canonical))
+
+    def _location(self, table: str, canonical: str) -> str:
+        return self.locations.get(canonical) or self._declare(table, canonical)
 
     def write(self, df: DataFrame, table: str, mode: str = "append",
               partition_by: list[str] | None = None, merge_schema: bool = False) -> None:
@@ -126,6 +150,10 @@ class BatchTransaction:
         if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
+        if canonical in self.row_level.tables:
+            raise ValueError(f"table {table} is written with txn.delta_table in batch "
+                             f"{self.batch_id}; a table takes either txn.write or "
+                             "txn.delta_table in one batch")
         # before the declare: a table percolake cannot write is refused with nothing declared
         mapping = ColumnMapping.of(self._schemas.check_features(canonical))
         location = self.locations.get(canonical) or self._declare(table, canonical)
@@ -195,6 +223,8 @@ class BatchTransaction:
         done (and their failure raised) before it goes on."""
         records = self.running.results()
         self.writes = dict(zip(self._tables, records, strict=True))
+        self.row_level.refuse_spark_writes()
+        self.writes.update({w.table: w for w in self.row_level.records()})
 
     def stop_writes(self) -> None:
         """Cancels the writes still running and waits for all of them; never raises."""
@@ -234,6 +264,8 @@ class Participant:
         checkpoint_location: the query's ``checkpointLocation``; given, each batch's source
             offsets (Spark's offset log entry of the batch) are recorded with its commit, so
             a revision can name where a root pipeline restarts.
+        row_level_retries: how many times a batch runs again from a fresh read when a commit
+            made outside percolake conflicts with its MERGE, UPDATE or DELETE.
 
     Raises:
         ValueError: a bad argument; ``SecuritySettingsError`` names an unusable security file
@@ -244,7 +276,8 @@ class Participant:
                  heartbeat_s: float = 10.0, txn_timeout_s: float | None = None,
                  on_checkpoint_reset: str = "refuse", tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 token: str | None = None, checkpoint_location: str | None = None) -> None:
+                 token: str | None = None, checkpoint_location: str | None = None,
+                 row_level_retries: int = 3) -> None:
         if on_checkpoint_reset not in CHECKPOINT_RESET_POLICIES:
             raise ValueError(f"on_checkpoint_reset must be one of {CHECKPOINT_RESET_POLICIES}")
         if checkpoint_location is not None:
@@ -260,6 +293,9 @@ class Participant:
             else min(heartbeat_s, txn_timeout_s / 3)
         self.on_checkpoint_reset = on_checkpoint_reset
         self.checkpoint_location = checkpoint_location
+        if row_level_retries < 0:
+            raise ValueError(f"row_level_retries must be >= 0, got {row_level_retries}")
+        self.row_level_retries = row_level_retries
         self._query_id: str | None = None
         self.epoch: int | None = None
         self.generation: int | None = None
@@ -279,7 +315,20 @@ class Participant:
         return batch_function
 
     def run_batch(self, batch_df: DataFrame, batch_id: int, fn: UserFunction) -> None:
-        """Runs one micro-batch as one transaction (see the module doc)."""
+        """Runs one micro-batch as one transaction (see the module doc); a batch whose
+        row-level write an outside commit conflicted with runs again from a fresh read, up to
+        ``row_level_retries`` times (its aborted attempt wrote nothing visible)."""
+        for retry in range(self.row_level_retries + 1):
+            try:
+                self._run_attempt(batch_df, batch_id, fn)
+                return
+            except RowLevelConflict as conflict:
+                if retry == self.row_level_retries:
+                    raise
+                log.warning("batch %s of %s: %s; running it again (retry %d of %d)", batch_id,
+                            self.pipeline_id, conflict, retry + 1, self.row_level_retries)
+
+    def _run_attempt(self, batch_df: DataFrame, batch_id: int, fn: UserFunction) -> None:
         context = batch_df.sparkSession.sparkContext
         run_executors_on_driver_python(context)  # before any write job of the batch
         query_id = context.getLocalProperty("sql.streaming.queryId")
@@ -302,7 +351,8 @@ class Participant:
                                   batch_df.sparkSession)
         try:
             with Heartbeat(self.client, txn.txn_id, self.epoch, self.heartbeat_s):
-                with unpersist_waits_for(handle.running):
+                with unpersist_waits_for(handle.running), \
+                        marked_spark_writes(batch_df.sparkSession, handle.row_level.marker):
                     fn(batch_df, batch_id, handle)
                 handle.finish_writes()
                 fail_point("after-prewrite", batch_id)

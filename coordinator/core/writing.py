@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 
@@ -309,12 +310,7 @@ class Writing(CoreState):
                 raise InvalidArgument(f"table {write.table} appears twice in one prewrite")
             seen.add(table)
             validation.check_table_write(write, txn_id, self.config.max_intent_bytes)
-            checked.append(TableWriteRecord(
-                table=table, mode=write.mode, add_files=write.add_files,
-                schema_json=write.schema_json, partition_by=write.partition_by,
-                replace_partitions=write.replace_partitions, merge_schema=write.merge_schema,
-                catalog_name=write.catalog_name,
-            ))
+            checked.append(dataclasses.replace(write, table=table))
         return checked
 
     def _check_txn_totals(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:

@@ -57,6 +57,11 @@ COMMIT_TS_KEY = "percolake.commit_ts"
 MAX_ATTEMPTS = 20
 
 
+class CannotApplyAsRead(FailedPrecondition):
+    """A committed row-level write whose table an outside writer changed after the version it
+    read (I12): it is never applied against other data (docs/row-level-writes.md)."""
+
+
 class ApplyFailed(Unavailable, RuntimeError):
     """The write could not be applied after repeated concurrent-commit retries (someone else
     kept committing the table's next version): retry later (UNAVAILABLE in an RPC)."""
@@ -189,7 +194,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
         # the same tags again in userMetadata, the one commitInfo field DESCRIBE HISTORY shows
         custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts),
                          "userMetadata": json.dumps({TXN_ID_KEY: txn_id,
-                                                     COMMIT_TS_KEY: str(commit_ts)})},
+                                                     COMMIT_TS_KEY: str(commit_ts)}),
+                         **_row_level_commit_info(write)},
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
     )
@@ -210,6 +216,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             refused = refusal(write.table, layout.protocol, write)
             if refused:
                 raise _apply_refused(write.table, txn_id, refused)
+            if write.mode == WriteMode.ROW_LEVEL:
+                _refuse_changed_since_read(write, txn_id)
             mode, actions, filters = _write_actions(table, write, layout)
             evolved = evolved_schema(table, write)
             if evolved is not None:  # data and new schema in one commit: a log entry of ours
@@ -287,6 +295,34 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     return entry
 
 
+def _row_level_commit_info(write: TableWriteRecord) -> dict[str, object]:
+    """commitInfo fields of a row-level write: delta-rs names every commit of pre-written files
+    ``WRITE`` (it refuses another ``operation``), so the operations go in
+    ``operationParameters`` and a top-level ``percolake.operation``, beside Delta's metrics."""
+    if write.mode != WriteMode.ROW_LEVEL:
+        return {}
+    info: dict[str, object] = {
+        "percolake.operation": write.operation,
+        "operationParameters": {"percolake.operation": write.operation,
+                                "readVersion": str(write.read_version)}}
+    if write.operation_metrics:
+        info["operationMetrics"] = json.loads(write.operation_metrics)
+    return info
+
+
+def _refuse_changed_since_read(write: TableWriteRecord, txn_id: str) -> None:
+    """I12 after COMMITTED: apply a row-level write only onto the table exactly as it read it
+    (apart from this transaction's own commit, which the caller already looked for)."""
+    from percolake.lake.conflicts import conflict_since_read  # it reads with this module
+
+    problem = conflict_since_read(write, own_txn_id=txn_id)
+    if problem is not None:
+        raise CannotApplyAsRead(
+            f"table {write.table}: transaction {txn_id} is committed but its row-level write "
+            f"cannot be applied as read (at version {write.read_version}): {problem}. It is "
+            "not applied against other data; see docs/row-level-writes.md (recovery)")
+
+
 def _lost_a_race(exc: Exception) -> bool:
     """A concurrent writer won: our commit or our table creation found the version taken."""
     if isinstance(exc, (CommitFailedError, TableNotFoundError)):
@@ -319,6 +355,10 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord,
     adds = _adds(write, physical)
     if write.mode == WriteMode.APPEND:
         return "append", adds, None
+    if write.mode == WriteMode.ROW_LEVEL:
+        now = int(time.time() * 1000)
+        return "append", adds + [RemoveAction(f.path, True, now, f.size, dict(f.partition_values))
+                                 for f in write.remove_files], None
     listed = {f.path for f in write.add_files}
     removes, held = _removes(table, write, keep=listed, physical=physical)
     if layout.protocol.has("deletionVectors") and not listed & held:

@@ -48,6 +48,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import storage
+from percolake.lake.conflicts import check_row_level_write
 from percolake.lake.delta_commit import (
     TableLayout,
     commit_file,
@@ -246,11 +247,17 @@ class WriteChecker:
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
                                          f"version {layout.version}: {problem}")
+            if write.mode == WriteMode.ROW_LEVEL and write.read_version > layout.version:
+                raise FailedPrecondition(f"table {table}: read at version {write.read_version}"
+                                         f", but its latest version is {layout.version}")
             if layout.append_only and write.mode != WriteMode.APPEND:
                 raise FailedPrecondition(f"table {table} has delta.appendOnly=true: a "
                                          f"{write.mode.value} write cannot remove its files")
+        elif write.mode == WriteMode.ROW_LEVEL:
+            raise FailedPrecondition(f"table {table}: a row-level write needs an existing table")
         _check_files(write)
         self._check_partition_values(write, fields)
+        check_row_level_write(write)  # I12: after the layout, so a schema change names itself
 
     def _schema(self, table: str, schema_json: str) -> tuple[str, dict[str, dict[str, Any]]]:
         """The write's schema as delta-rs writes it, and its fields by name (read-only)."""

@@ -22,6 +22,7 @@ class WriteMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     APPEND: _ClassVar[WriteMode]
     OVERWRITE: _ClassVar[WriteMode]
     OVERWRITE_PARTITIONS: _ClassVar[WriteMode]
+    ROW_LEVEL: _ClassVar[WriteMode]
 
 class Consistency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,6 +60,7 @@ WRITE_MODE_UNSPECIFIED: WriteMode
 APPEND: WriteMode
 OVERWRITE: WriteMode
 OVERWRITE_PARTITIONS: WriteMode
+ROW_LEVEL: WriteMode
 CONSISTENCY_UNSPECIFIED: Consistency
 CONSISTENCY_SNAPSHOT: Consistency
 CONSISTENCY_TOPOLOGY: Consistency
@@ -99,7 +101,7 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +110,10 @@ class TableWrite(_message.Message):
     REPLACE_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     MERGE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     CATALOG_NAME_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FILES_FIELD_NUMBER: _ClassVar[int]
+    READ_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_METRICS_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
@@ -116,7 +122,30 @@ class TableWrite(_message.Message):
     replace_partitions: _containers.RepeatedCompositeFieldContainer[PartitionSpec]
     merge_schema: bool
     catalog_name: str
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ...) -> None: ...
+    remove_files: _containers.RepeatedCompositeFieldContainer[RemoveFile]
+    read_version: int
+    operation: str
+    operation_metrics: str
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ...) -> None: ...
+
+class RemoveFile(_message.Message):
+    __slots__ = ("path", "size", "partition_values", "null_partition_columns")
+    class PartitionValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_VALUES_FIELD_NUMBER: _ClassVar[int]
+    NULL_PARTITION_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    partition_values: _containers.ScalarMap[str, str]
+    null_partition_columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PartitionSpec(_message.Message):
     __slots__ = ("values", "null_columns")

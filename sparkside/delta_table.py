@@ -1,0 +1,364 @@
+"""delta-spark's ``DeltaTable`` interface inside a percolake transaction: ``txn.delta_table(t)``.
+
+The names, arguments, argument checks and results are delta-spark's, so code ports by changing
+the line that makes the table object. What differs is when the change becomes visible: an
+operation here is computed at once (on Spark, see ``sparkside.row_level``) but committed with
+the rest of the batch, exactly once (docs/row-level-writes.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
+from sparkside.row_level import FILE, RowLevelTable, column_mapping, condition_column, observed
+
+TableState = Callable[[], RowLevelTable]
+T_HERE, S_HERE, ACTION, ROW_ID = "__percolake_t", "__percolake_s", "__percolake_action", \
+    "__percolake_row"
+
+
+class TransactionDeltaTable:
+    """A Delta table as delta-spark's ``DeltaTable`` shows it, written within the batch."""
+
+    def __init__(self, state: TableState, alias: str | None = None) -> None:
+        self._state = state
+        self._alias = alias
+
+    def alias(self, aliasName: str) -> TransactionDeltaTable:  # noqa: N803 - delta-spark's
+        """The table under another name in conditions and expressions."""
+        if not isinstance(aliasName, str):
+            raise ValueError(f"aliasName needs to be a string but got '{type(aliasName)}'.")
+        return TransactionDeltaTable(self._state, aliasName)
+
+    def toDF(self) -> DataFrame:  # noqa: N802 - delta-spark's name
+        """The table as of this batch so far: its version read plus the batch's earlier
+        operations on it."""
+        return self._frame().drop(FILE)
+
+    def delete(self, condition: str | Column | None = None) -> None:
+        """Deletes the rows where ``condition`` is true (all rows without one)."""
+        state = self._state()
+        target = self._frame(state)
+        matched = F.coalesce(condition_column(condition), F.lit(False))
+        touched = _files_where(target, matched)
+        observation = Observation("percolake_delete")
+        rows = target.where(F.col(FILE).isin(touched)).observe(
+            observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
+            F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
+        output = rows.where(~matched).select(*state.columns()) if touched else None
+        state.replace(touched, output, "DELETE", {})
+        if touched:
+            state.metrics_update(observed(observation))
+
+    def update(self, condition: str | Column | None = None,
+               set: dict[str, str | Column] | None = None) -> None:  # noqa: A002 - delta-spark's
+        """Sets the columns of ``set`` on the rows where ``condition`` is true (all rows
+        without one)."""
+        assignments = column_mapping(set, "'set'")
+        state = self._state()
+        target = self._frame(state)
+        names = _resolve(state, assignments, "UPDATE")
+        matched = F.coalesce(condition_column(condition), F.lit(False))
+        touched = _files_where(target, matched)
+        if not touched:
+            state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0})
+            return
+        observation = Observation("percolake_update")
+        rows = target.where(F.col(FILE).isin(touched)).observe(
+            observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numUpdatedRows"),
+            F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
+        types = _types(target)
+        output = rows.select(*[
+            F.when(matched, assignments[names[c]].cast(types[c])).otherwise(F.col(c)).alias(c)
+            if c in names else F.col(c) for c in state.columns()])
+        state.replace(touched, output, "UPDATE", {})
+        state.metrics_update(observed(observation))
+
+    def merge(self, source: DataFrame, condition: str | Column) -> TransactionMergeBuilder:
+        """A MERGE of ``source`` into the table on ``condition``; add clauses, then
+        ``execute()``."""
+        if source is None:
+            raise ValueError("'source' in merge cannot be None")
+        if not isinstance(source, DataFrame):
+            raise TypeError("Type of 'source' in merge must be DataFrame.")
+        if condition is None:
+            raise ValueError("'condition' in merge cannot be None")
+        return TransactionMergeBuilder(self, source, condition_column(condition))
+
+    def _frame(self, state: RowLevelTable | None = None) -> DataFrame:
+        frame = (state or self._state()).current()
+        return frame.alias(self._alias) if self._alias else frame
+
+
+@dataclass(frozen=True)
+class _Clause:
+    kind: str  # "matched", "not_matched", "not_matched_by_source"
+    condition: Column | None
+    action: str  # "update", "delete", "insert"
+    assignments: dict[str, Column] | None = None  # None with update/insert: all columns
+
+
+class TransactionMergeBuilder:
+    """delta-spark's ``DeltaMergeBuilder``: each ``when...`` returns a new builder."""
+
+    def __init__(self, table: TransactionDeltaTable, source: DataFrame, condition: Column,
+                 clauses: tuple[_Clause, ...] = ()) -> None:
+        self._table = table
+        self._source = source
+        self._condition = condition
+        self._clauses = clauses
+
+    def _with(self, clause: _Clause) -> TransactionMergeBuilder:
+        return TransactionMergeBuilder(self._table, self._source, self._condition,
+                                       self._clauses + (clause,))
+
+    @staticmethod
+    def _when(condition: str | Column | None) -> Column | None:
+        return None if condition is None else condition_column(condition)
+
+    def whenMatchedUpdate(self, condition: str | Column | None = None,  # noqa: N802
+                          set: dict[str, str | Column] | None = None  # noqa: A002
+                          ) -> TransactionMergeBuilder:
+        return self._with(_Clause("matched", self._when(condition), "update",
+                                  column_mapping(set, "'set'")))
+
+    def whenMatchedUpdateAll(self, condition: str | Column | None = None  # noqa: N802
+                             ) -> TransactionMergeBuilder:
+        return self._with(_Clause("matched", self._when(condition), "update"))
+
+    def whenMatchedDelete(self, condition: str | Column | None = None  # noqa: N802
+                          ) -> TransactionMergeBuilder:
+        return self._with(_Clause("matched", self._when(condition), "delete"))
+
+    def whenNotMatchedInsert(self, condition: str | Column | None = None,  # noqa: N802
+                             values: dict[str, str | Column] | None = None
+                             ) -> TransactionMergeBuilder:
+        return self._with(_Clause("not_matched", self._when(condition), "insert",
+                                  column_mapping(values, "'values'")))
+
+    def whenNotMatchedInsertAll(self, condition: str | Column | None = None  # noqa: N802
+                                ) -> TransactionMergeBuilder:
+        return self._with(_Clause("not_matched", self._when(condition), "insert"))
+
+    def whenNotMatchedBySourceUpdate(self, condition: str | Column | None = None,  # noqa: N802
+                                     set: dict[str, str | Column] | None = None  # noqa: A002
+                                     ) -> TransactionMergeBuilder:
+        return self._with(_Clause("not_matched_by_source", self._when(condition), "update",
+                                  column_mapping(set, "'set'")))
+
+    def whenNotMatchedBySourceDelete(self, condition: str | Column | None = None  # noqa: N802
+                                     ) -> TransactionMergeBuilder:
+        return self._with(_Clause("not_matched_by_source", self._when(condition), "delete"))
+
+    def withSchemaEvolution(self) -> TransactionMergeBuilder:  # noqa: N802
+        raise MergeClauseError(
+            "withSchemaEvolution is not supported inside a percolake transaction yet: a "
+            "percolake commit cannot change a table's schema (docs/row-level-writes.md)")
+
+    def execute(self) -> DataFrame:
+        """Runs the MERGE within the batch; returns delta-spark's metrics row
+        (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
+        _check_clauses(self._clauses)
+        state = self._table._state()
+        target = self._table._frame(state)
+        metrics = _merge(state, target, self._source, self._condition, self._clauses)
+        state.metrics_update(metrics)
+        updated = metrics["numTargetRowsUpdated"]
+        deleted = metrics["numTargetRowsDeleted"]
+        inserted = metrics["numTargetRowsInserted"]
+        spark = self._source.sparkSession
+        return spark.createDataFrame(
+            [(updated + deleted + inserted, updated, deleted, inserted)],
+            "num_affected_rows long, num_updated_rows long, num_deleted_rows long, "
+            "num_inserted_rows long")
+
+
+def _check_clauses(clauses: tuple[_Clause, ...]) -> None:
+    """delta-spark's rules: at least one clause; of each kind only the last may omit its
+    condition."""
+    if not clauses:
+        raise MergeClauseError("[DELTA_MERGE_MISSING_WHEN] There must be at least one WHEN "
+                               "clause in a MERGE statement.")
+    names = {"matched": ("MATCHED", "DELTA_NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION"),
+             "not_matched": ("NOT MATCHED",
+                             "DELTA_NON_LAST_NOT_MATCHED_CLAUSE_OMIT_CONDITION"),
+             "not_matched_by_source": (
+                 "NOT MATCHED BY SOURCE",
+                 "DELTA_NON_LAST_NOT_MATCHED_BY_SOURCE_CLAUSE_OMIT_CONDITION")}
+    for kind, (name, error) in names.items():
+        of_kind = [c for c in clauses if c.kind == kind]
+        if any(c.condition is None for c in of_kind[:-1]):
+            raise MergeClauseError(
+                f"[{error}] When there are more than one {name} clauses in a MERGE statement, "
+                f"only the last {name} clause can omit the condition.")
+
+
+def _merge(state: RowLevelTable, target: DataFrame, source: DataFrame, condition: Column,
+           clauses: tuple[_Clause, ...]) -> dict[str, int]:
+    """The copy-on-write MERGE (docs/row-level-writes.md): touched files, then one rewrite."""
+    columns = state.columns()
+    types = _types(target)
+    clauses = tuple(_all_columns(c, state, source) for c in clauses)
+    for clause in clauses:
+        if clause.assignments is not None:
+            _resolve(state, clause.assignments, "MERGE")
+    matched = [c for c in clauses if c.kind == "matched"]
+    not_matched = [c for c in clauses if c.kind == "not_matched"]
+    by_source = [c for c in clauses if c.kind == "not_matched_by_source"]
+    source = source.withColumn(S_HERE, F.lit(True))
+    target = target.withColumn(T_HERE, F.lit(True))
+    source_rows = Observation("percolake_merge_source")
+    metrics: dict[str, int] = {}
+    touched: list[str] = []
+    if matched:  # also when by_source: the several-matches check holds for every MERGE
+        touched = _touched_by_matches(target, source.observe(source_rows, F.count(F.lit(1))
+                                                             .alias("numSourceRows")),
+                                      condition, columns, matched)
+        metrics.update(observed(source_rows))
+        source_rows = Observation("percolake_merge_source_rewrite")
+    if by_source:  # every target row may change
+        touched = [r[0] for r in target.select(FILE).distinct().collect()]
+    rewritten = target.where(F.col(FILE).isin(touched)) if touched else target.limit(0)
+    if not_matched:
+        joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))
+                                               .alias("numSourceRows")),
+                                condition, "full_outer")
+    elif touched:
+        joined = rewritten.join(source, condition, "left_outer")
+    else:  # nothing to insert, no row matched
+        state.replace([], None, "MERGE", {})
+        return {**_zero_merge_metrics(), **metrics}
+    t_here, s_here = F.col(T_HERE).isNotNull(), F.col(S_HERE).isNotNull()
+    cases = {"matched": t_here & s_here, "not_matched": s_here & ~t_here,
+             "not_matched_by_source": t_here & ~s_here}
+    action = F.when(F.lit(False), F.lit(None))
+    numbered = list(enumerate(clauses))
+    for i, clause in numbered:
+        when = cases[clause.kind]
+        if clause.condition is not None:
+            when = when & F.coalesce(clause.condition, F.lit(False))
+        action = action.when(when, F.lit(i))
+    joined = joined.withColumn(ACTION, action.otherwise(F.lit(None)).cast("int"))
+    act = F.col(ACTION)
+
+    def count_of(kind: str, what: str, name: str) -> Column:
+        ids = [i for i, c in numbered if c.kind == kind and c.action == what]
+        hit = act.isin(ids) if ids else F.lit(False)
+        return F.sum(F.when(hit, 1).otherwise(0)).alias(name)
+
+    rewrite = Observation("percolake_merge")
+    joined = joined.observe(
+        rewrite,
+        count_of("matched", "update", "numTargetRowsMatchedUpdated"),
+        count_of("matched", "delete", "numTargetRowsMatchedDeleted"),
+        count_of("not_matched", "insert", "numTargetRowsInserted"),
+        count_of("not_matched_by_source", "update", "numTargetRowsNotMatchedBySourceUpdated"),
+        count_of("not_matched_by_source", "delete", "numTargetRowsNotMatchedBySourceDeleted"),
+        F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
+    outputs = []
+    for name in columns:
+        value = target[name]
+        for i, clause in reversed(numbered):
+            if clause.action == "delete":
+                continue
+            assigned = clause.assignments.get(_resolve(state, clause.assignments,
+                                                       "MERGE").get(name, ""))
+            if assigned is not None:
+                value = F.when(act == i, assigned.cast(types[name])).otherwise(value)
+            elif clause.action == "insert":
+                value = F.when(act == i, F.lit(None).cast(types[name])).otherwise(value)
+        outputs.append(value.alias(name))
+    deletes = [i for i, c in numbered if c.action == "delete"]
+    keep = (act.isNotNull() & ~act.isin(deletes)) if deletes else act.isNotNull()
+    output = joined.where(keep | (act.isNull() & t_here)).select(*outputs)
+    state.replace(touched, output, "MERGE", {})
+    metrics.update(observed(rewrite))
+    if "numSourceRows" not in metrics:
+        metrics.update(observed(source_rows) if not_matched else {})
+    metrics["numTargetRowsUpdated"] = (metrics["numTargetRowsMatchedUpdated"]
+                                       + metrics["numTargetRowsNotMatchedBySourceUpdated"])
+    metrics["numTargetRowsDeleted"] = (metrics["numTargetRowsMatchedDeleted"]
+                                       + metrics["numTargetRowsNotMatchedBySourceDeleted"])
+    metrics["numOutputRows"] = (metrics["numTargetRowsInserted"] + metrics["numTargetRowsUpdated"]
+                                + metrics["numTargetRowsCopied"])
+    return metrics
+
+
+def _touched_by_matches(target: DataFrame, source: DataFrame, condition: Column,
+                        columns: list[str], matched: list[_Clause]) -> list[str]:
+    """The files holding target rows the condition matches; fails as delta-spark does when
+    several source rows match one target row (unless the only matched clause is an
+    unconditional delete), naming that row."""
+    pairs = target.withColumn(ROW_ID, F.monotonically_increasing_id()).join(
+        source, condition, "inner")
+    per_row = pairs.groupBy(ROW_ID, FILE).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.first(F.struct(*[target[c] for c in columns])).alias("row"))
+    per_file = per_row.groupBy(FILE).agg(F.max("n").alias("n"),
+                                         F.max_by("row", "n").alias("row")).collect()
+    unambiguous = (len(matched) == 1 and matched[0].action == "delete"
+                   and matched[0].condition is None)
+    worst = max(per_file, key=lambda r: r["n"], default=None)
+    if worst is not None and worst["n"] > 1 and not unambiguous:
+        raise MultipleSourceRowsMatch(
+            f"[{MultipleSourceRowsMatch.ERROR_CLASS}] Cannot perform Merge as multiple source "
+            "rows matched and attempted to modify the same target row in the Delta table in "
+            f"possibly conflicting ways: {worst['n']} source rows match the target row "
+            f"{worst['row'].asDict()}. Preprocess the source so that at most one of its rows "
+            "matches each target row (e.g. keep the latest change per key).")
+    return [r[FILE] for r in per_file]
+
+
+def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame) -> _Clause:
+    """``UpdateAll``/``InsertAll``: every target column from the source column of its name."""
+    if clause.assignments is not None or clause.action == "delete":
+        return clause
+    by_name = {c.lower(): c for c in source.columns}
+    missing = [c for c in state.columns() if c.lower() not in by_name]
+    if missing:
+        raise MergeClauseError(
+            f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {missing} in "
+            f"{'UPDATE' if clause.action == 'update' else 'INSERT'} clause given columns "
+            f"{source.columns} of the source (without withSchemaEvolution every target "
+            "column must be in the source).")
+    return replace(clause, assignments={c: source[by_name[c.lower()]] for c in state.columns()})
+
+
+def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str) -> dict[str, str]:
+    """Target column -> the key of ``assignments`` that sets it (names are case-insensitive,
+    as delta-spark resolves them)."""
+    by_name = {c.lower(): c for c in state.columns()}
+    resolved: dict[str, str] = {}
+    for key in assignments:
+        column = by_name.get(key.lower())
+        if column is None:
+            raise MergeClauseError(
+                f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {key} in {what} clause "
+                f"given columns {state.columns()} of the target")
+        if column in resolved:
+            raise MergeClauseError(f"[DELTA_DUPLICATE_COLUMNS_FOUND] {what} assigns column "
+                                   f"{column} twice")
+        resolved[column] = key
+    return resolved
+
+
+def _files_where(target: DataFrame, matched: Column) -> list[str]:
+    return [r[0] for r in target.where(matched).select(FILE).distinct().collect()]
+
+
+def _types(frame: DataFrame) -> dict[str, T.DataType]:
+    return {f.name: f.dataType for f in frame.schema.fields}
+
+
+def _zero_merge_metrics() -> dict[str, int]:
+    return dict.fromkeys(
+        ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted",
+         "numTargetRowsCopied", "numOutputRows", "numTargetRowsMatchedUpdated",
+         "numTargetRowsMatchedDeleted", "numTargetRowsNotMatchedBySourceUpdated",
+         "numTargetRowsNotMatchedBySourceDeleted"), 0)

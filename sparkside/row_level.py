@@ -1,0 +1,298 @@
+"""Row-level writes of one table in one batch, copy-on-write (docs/row-level-writes.md).
+
+A table's MERGE, UPDATE and DELETE calls of a batch share one :class:`RowLevelTable`: the table
+as read at ``read_version`` (pinned at the first call, after the attempt holds the table, I12),
+minus the files the batch's earlier operations replaced, plus the files they wrote. Each
+operation finds the files holding rows it changes (a join that keeps ``_metadata.file_path``;
+Spark pushes the condition's target-only predicates into the Delta scan, which prunes
+partitions and files by their statistics), has the executors rewrite those files' surviving and
+changed rows (and the inserts) once, into the attempt's folder, and replaces them in the state:
+a later operation reads the earlier ones' output (read your own writes). At the commit the state
+is one ROW_LEVEL write intent: the files it adds, the files of ``read_version`` it removes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from percolake.lake.conflicts import log_entries_after
+from percolake.lake.delta_commit import files_of_version, open_table
+from percolake.lake.warehouse import local_path, spark_uri
+from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
+from sparkside.errors import RowLevelWriteRefused
+from sparkside.reader import read_table_version
+from sparkside.writer import write_files
+
+FILE = "__percolake_file"  # the hidden column naming each row's data file
+USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
+SPARK_WRITE_MARK = "percolake:inside-batch:"
+UNSUPPORTED_PROPERTIES = {"delta.columnMapping.mode": ("none", "None", "")}
+
+
+def condition_column(condition: str | Column | None, argname: str = "'condition'") -> Column:
+    """A condition as a Column (None: true), typed as delta-spark types it."""
+    if condition is None:
+        return F.lit(True)
+    if isinstance(condition, Column):
+        return condition
+    if isinstance(condition, str):
+        return F.expr(condition)
+    raise TypeError(f"{argname} must be a Spark SQL Column or a string (expression in SQL "
+                    f"syntax), found to be of type {type(condition)}")
+
+
+def column_mapping(values: Any, argname: str) -> dict[str, Column]:
+    """A ``set``/``values`` dict as delta-spark checks it: column names to Columns or SQL."""
+    if values is None:
+        raise ValueError(f"{argname} cannot be None")
+    if type(values) is not dict:
+        raise TypeError(f"{argname} must be a dict, found to be {type(values)}")
+    mapped: dict[str, Column] = {}
+    for name, expr in values.items():
+        if type(name) is not str:
+            raise TypeError(f"Keys of dict in {argname} must contain only strings with column "
+                            f"names, found '{name}' of type '{type(name)}")
+        if isinstance(expr, Column):
+            mapped[name] = expr
+        elif type(expr) is str:
+            mapped[name] = F.expr(expr)
+        else:
+            raise TypeError(f"Values of dict in {argname} must contain only Spark SQL Columns "
+                            "or strings (expressions in SQL syntax) as values, found "
+                            f"'{expr}' of type '{type(expr)}'")
+    return mapped
+
+
+@dataclass
+class RowLevelTable:
+    """One table's row-level state in one batch (see the module doc)."""
+
+    spark: SparkSession
+    table: str  # canonical URI
+    location: str  # the attempt's folder for the table
+    read_version: int
+    schema_json: str
+    partition_by: list[str]
+    base: dict[str, AddFileRecord]  # the files of read_version, by relative path
+    deletion_vectors: bool = False  # the table's protocol has deletion vectors
+    removed: dict[str, RemoveFileRecord] = field(default_factory=dict)
+    added: dict[str, AddFileRecord] = field(default_factory=dict)
+    added_folders: dict[str, str] = field(default_factory=dict)  # added path -> its op folder
+    removed_as_read: set[str] = field(default_factory=set)  # their _metadata.file_path
+    operations: list[str] = field(default_factory=list)
+    metrics: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, spark: SparkSession, table: str, location: str) -> RowLevelTable:
+        """The table at its latest version, pinned: call with the table held by the attempt.
+
+        Raises:
+            RowLevelWriteRefused: no Delta table there, or a table feature copy-on-write
+                cannot honour (column mapping).
+        """
+        delta = open_table(table)
+        if delta is None:
+            raise RowLevelWriteRefused(
+                f"{table} is not a Delta table: txn.delta_table needs an existing table "
+                "(create it first, e.g. with CREATE TABLE ... USING DELTA or txn.write)")
+        configuration = delta.metadata().configuration
+        for key, allowed in UNSUPPORTED_PROPERTIES.items():
+            if key in configuration and configuration[key] not in allowed:
+                raise RowLevelWriteRefused(
+                    f"table {table} has {key}={configuration[key]}: percolake's row-level "
+                    "writes do not support it yet (files hold physical column names)")
+        version = delta.version()
+        files = files_of_version(table, version)
+        readers = delta.protocol().reader_features or []
+        return cls(spark, table, location, version, files.schema_json,
+                   list(files.partition_columns), {f.path: f for f in files.files},
+                   deletion_vectors="deletionVectors" in readers)
+
+    # ------------------------------------------------------------------ reading
+
+    def current(self) -> DataFrame:
+        """The table as this batch's operations left it, with each row's file in FILE."""
+        base = read_table_version(self.spark, self.table, self.read_version)
+        columns = base.columns
+        frame = base.select(*columns, F.col("_metadata.file_path").alias(FILE))
+        if self.removed_as_read:
+            frame = frame.where(~F.col(FILE).isin(sorted(self.removed_as_read)))
+        by_folder: dict[str, list[str]] = {}
+        for path, folder in self.added_folders.items():
+            by_folder.setdefault(folder, []).append(f"{self.table}/{path}")
+        for folder, paths in sorted(by_folder.items()):
+            written = (self.spark.read.schema(base.schema).option("basePath", spark_uri(folder))
+                       .parquet(*[spark_uri(p) for p in sorted(paths)]))
+            frame = frame.unionByName(
+                written.select(*columns, F.col("_metadata.file_path").alias(FILE)))
+        return frame
+
+    def columns(self) -> list[str]:
+        return [f["name"] for f in json.loads(self.schema_json)["fields"]]
+
+    # ------------------------------------------------------------------ writing
+
+    def replace(self, touched: Sequence[str], output: DataFrame | None, operation: str,
+                metrics: dict[str, int]) -> dict[str, int]:
+        """Writes ``output`` (rows in the table's columns) as new files and replaces the files
+        ``touched`` (``_metadata.file_path`` values) with them; adds the file metrics."""
+        if self.deletion_vectors:
+            self._refuse_deletion_vectors(touched)
+        adds: list[AddFileRecord] = []
+        if output is not None:
+            folder = f"{self.location}/op{len(self.operations)}"
+            adds = write_files(output, self.table, folder, self.partition_by)
+            self.added_folders.update({a.path: folder for a in adds})
+            self.added.update({a.path: a for a in adds})
+        removed_files = removed_bytes = 0
+        for spark_path in touched:
+            path = self._relative(spark_path)
+            if path in self.added:  # written by an earlier operation of this batch
+                self.added.pop(path)
+                self.added_folders.pop(path)
+            else:
+                file = self.base[path]
+                self.removed[path] = RemoveFileRecord(path, file.size,
+                                                      dict(file.partition_values))
+                self.removed_as_read.add(spark_path)
+                removed_files += 1
+                removed_bytes += file.size
+        metrics = {**metrics,
+                   **_file_metrics(operation, len(adds), sum(a.size for a in adds),
+                                   removed_files, removed_bytes)}
+        self.operations.append(operation)
+        self.metrics_update(metrics)
+        return metrics
+
+    def _refuse_deletion_vectors(self, touched: Sequence[str]) -> None:
+        """Copy-on-write of a file that carries a deletion vector would need a remove carrying
+        that vector, which delta-rs cannot write: such files are refused, found as those whose
+        visible rows are fewer than their numRecords (delta-rs does not show the vectors)."""
+        base = [p for p in touched if self._relative(p) not in self.added]
+        if not base:
+            return
+        visible = {r[0]: r[1] for r in self.current().where(F.col(FILE).isin(base))
+                   .groupBy(FILE).count().collect()}
+        for spark_path in base:
+            file = self.base[self._relative(spark_path)]
+            stats = json.loads(file.stats) if file.stats else {}
+            if stats.get("numRecords") != visible.get(spark_path, 0):
+                raise RowLevelWriteRefused(
+                    f"table {self.table}: file {file.path} carries a deletion vector (or has "
+                    "no row count); percolake's copy-on-write cannot remove it with its "
+                    "deletion vector yet. Purge the table's deletion vectors first (REORG "
+                    "TABLE ... APPLY (PURGE)) or disable them (docs/row-level-writes.md)")
+
+    def metrics_update(self, metrics: dict[str, int]) -> None:
+        """Adds an operation's row metrics (observed while its files were written)."""
+        for key, value in metrics.items():
+            self.metrics[key] = self.metrics.get(key, 0) + value
+
+    def write_record(self) -> TableWriteRecord | None:
+        """The batch's ROW_LEVEL write intent of the table, None if nothing changed."""
+        if not self.added and not self.removed:
+            return None
+        return TableWriteRecord(
+            table=self.table, mode=WriteMode.ROW_LEVEL,
+            add_files=tuple(sorted(self.added.values(), key=lambda a: a.path)),
+            schema_json=self.schema_json, partition_by=tuple(self.partition_by),
+            remove_files=tuple(sorted(self.removed.values(), key=lambda r: r.path)),
+            read_version=self.read_version, operation=",".join(self.operations),
+            operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
+                                         separators=(",", ":")))
+
+    def _relative(self, spark_path: str) -> str:
+        root = _uri_path(self.table).rstrip("/") + "/"
+        key = unquote(urlparse(spark_path).path)
+        if not key.startswith(root):
+            raise AssertionError(f"Spark read {spark_path}, not a file of {self.table}")
+        path = key[len(root):]
+        if path not in self.added and path not in self.base:
+            raise AssertionError(f"Spark read {spark_path}, not a file of {self.table} at "
+                                 f"version {self.read_version} nor of this batch")
+        return path
+
+
+def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
+                  removed_bytes: int) -> dict[str, int]:
+    """Delta's file metrics under the names its operation uses."""
+    if operation == "MERGE":
+        return {"numTargetFilesAdded": added, "numTargetFilesRemoved": removed,
+                "numTargetBytesAdded": added_bytes, "numTargetBytesRemoved": removed_bytes}
+    return {"numAddedFiles": added, "numRemovedFiles": removed,
+            "numAddedBytes": added_bytes, "numRemovedBytes": removed_bytes}
+
+
+def _uri_path(uri: str) -> str:
+    """The path part of a table or file URI, decoded (local paths as they are on disk)."""
+    if "://" not in uri:
+        return local_path(uri)
+    return unquote(urlparse(uri).path)
+
+
+def observed(observation: Observation) -> dict[str, int]:
+    """An observation's counts (0 for a metric that saw no row)."""
+    return {k: int(v or 0) for k, v in observation.get.items()}
+
+
+class RowLevelWrites:
+    """The row-level tables of one batch: each table's state is read once, at its first
+    operation, after the attempt declared (holds) it."""
+
+    def __init__(self, spark: SparkSession | None, declare: Callable[[str, str], str],
+                 batch_id: int, txn_id: str) -> None:
+        self._spark = spark
+        self._declare = declare  # (table as given, canonical) -> the attempt's folder
+        self.batch_id = batch_id
+        self.marker = f"{SPARK_WRITE_MARK}{txn_id}"
+        self.tables: dict[str, RowLevelTable] = {}
+
+    def state(self, table: str, canonical: str) -> RowLevelTable:
+        if canonical not in self.tables:
+            if self._spark is None:
+                raise ValueError("this BatchTransaction has no SparkSession to write with")
+            location = self._declare(table, canonical)
+            self.tables[canonical] = RowLevelTable.read(self._spark, canonical, location)
+        return self.tables[canonical]
+
+    def records(self) -> list[TableWriteRecord]:
+        """The batch's ROW_LEVEL write intents, one per table that changed, in first-use
+        order."""
+        return [r for r in (t.write_record() for t in self.tables.values()) if r is not None]
+
+    def refuse_spark_writes(self) -> None:
+        """Point 4 of docs/row-level-writes.md: a delta-spark write made inside the function
+        to a table the batch writes row by row committed on its own, outside the batch."""
+        for table, state in self.tables.items():
+            for version, actions in log_entries_after(table, state.read_version):
+                info = next((a["commitInfo"] for a in actions or () if "commitInfo" in a), {})
+                if info.get("userMetadata") == self.marker:
+                    raise RowLevelWriteRefused(
+                        f"table {table}: a delta-spark {info.get('operation', 'write')} made "
+                        f"inside batch {self.batch_id}'s function committed version {version} "
+                        "on its own, outside the batch's transaction (it is not undone if the "
+                        "batch fails, and a replay repeats it). Write the table through "
+                        f"txn.delta_table({table!r}) (merge, update, delete) instead.")
+
+
+@contextmanager
+def marked_spark_writes(spark: SparkSession, marker: str) -> Iterator[None]:
+    """delta-spark commits made by ``spark`` meanwhile carry ``marker`` as their commitInfo's
+    userMetadata (unless the user set one), so ``refuse_spark_writes`` can recognise them."""
+    conf = spark.conf
+    if conf.get(USER_METADATA_KEY, None):
+        yield
+        return
+    conf.set(USER_METADATA_KEY, marker)
+    try:
+        yield
+    finally:
+        conf.unset(USER_METADATA_KEY)

@@ -1,0 +1,248 @@
+"""MERGE, UPDATE and DELETE through ``txn.delta_table``, side by side with delta-spark.
+
+Each reference test runs one operation (the same Python function) on percolake's table inside a
+batch and with delta-spark's own ``DeltaTable`` on a copy, then compares the two tables as
+delta-spark reads them. Inputs are generated change streams: inserts, updates, deletes, null
+keys, a partitioned target.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow
+import pytest
+from delta.tables import DeltaTable
+from deltalake import DeltaTable as RustTable
+from deltalake import write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from percolake.lake.arrow_read import read_delta_table
+from sparkside import Participant
+from sparkside.errors import MultipleSourceRowsMatch, RowLevelWriteRefused
+from tests.spark.helpers import committed_batches, transactions
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id long, value long, region string"
+REGIONS = ["eu", "us", "ap"]
+
+
+def target_rows(rng: random.Random, keys: int) -> list[tuple]:
+    rows = [(k, rng.randrange(100), rng.choice(REGIONS)) for k in range(keys)]
+    return rows + [(None, rng.randrange(100), rng.choice(REGIONS)) for _ in range(3)]
+
+
+def change_rows(rng: random.Random, keys: int) -> list[tuple]:
+    """One change per key (updates, deletes, inserts of new keys) plus null-key rows."""
+    changes = []
+    for key in rng.sample(range(keys * 2), keys):
+        op = "D" if key < keys and rng.random() < 0.3 else "U"
+        changes.append((key, rng.randrange(200), rng.choice(REGIONS), op))
+    changes += [(None, rng.randrange(200), rng.choice(REGIONS), "U") for _ in range(2)]
+    return changes
+
+
+def make_table(spark: SparkSession, path: Path, rows: list[tuple], partitioned: bool) -> None:
+    writer = spark.createDataFrame(rows, SCHEMA).write.format("delta")
+    (writer.partitionBy("region") if partitioned else writer).save(str(path))
+
+
+def table_rows(spark: SparkSession, path: Path) -> list[tuple]:
+    """The table as delta-spark reads it, in a total order (nulls first)."""
+    got = [tuple(r) for r in spark.read.format("delta").load(str(path)).collect()]
+    return sorted(got, key=lambda r: tuple((v is not None, v) for v in r))
+
+
+Operation = Callable[[object, DataFrame], object]
+
+
+def side_by_side(spark: SparkSession, participant: Participant, lake: Path, name: str,
+                 rows: list[tuple], partitioned: bool, operations: list[Operation],
+                 source: DataFrame) -> tuple[Path, Path]:
+    """Runs ``operations`` in order in one batch on ``lake/name`` and with delta-spark on a copy;
+    asserts delta-spark reads both the same; returns both paths."""
+    ours, theirs = lake / name, lake / f"{name}-reference"
+    make_table(spark, ours, rows, partitioned)
+    shutil.copytree(ours, theirs)
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        for operation in operations:
+            operation(txn.delta_table(str(ours)), source)
+
+    participant.run_batch(spark.range(1), 0, batch)
+    for operation in operations:
+        operation(DeltaTable.forPath(spark, str(theirs)), source)
+    assert table_rows(spark, ours) == table_rows(spark, theirs)
+    return ours, theirs
+
+
+def cdc_merge(dt, source: DataFrame) -> object:  # noqa: ANN001
+    return (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedDelete("s.op = 'D'")
+            .whenMatchedUpdate(set={"value": "s.value", "region": "s.region"})
+            .whenNotMatchedInsert("s.op <> 'D'",
+                                  values={"id": "s.id", "value": "s.value",
+                                          "region": "s.region"})
+            .execute())
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_cdc_merge_equals_delta_spark(spark, lake_daemon, lake, partitioned) -> None:  # noqa: ANN001
+    rng = random.Random(7 + partitioned)
+    participant = Participant(lake_daemon.target, pipeline_id=f"cdc-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 40), f"{SCHEMA}, op string")
+    ours, _ = side_by_side(spark, participant, lake, "accounts", target_rows(rng, 40),
+                           partitioned, [cdc_merge], source)
+    info = RustTable(str(ours)).history(1)[0]
+    assert info["percolake.operation"] == "MERGE"
+    metrics = info["operationMetrics"]
+    deleted = source.where("op = 'D'").count()
+    assert int(metrics["numTargetRowsDeleted"]) == deleted
+    assert int(metrics["numTargetRowsInserted"]) + int(metrics["numTargetRowsUpdated"]) \
+        == source.count() - deleted
+
+
+def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    rng = random.Random(11)
+    participant = Participant(lake_daemon.target, pipeline_id=f"all-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 30), f"{SCHEMA}, op string")
+
+    def full_merge(dt, src: DataFrame) -> object:  # noqa: ANN001
+        return (dt.alias("t").merge(src.alias("s"), "t.id = s.id AND s.op = 'U'")
+                .whenMatchedUpdate("s.value > 100", set={"value": "t.value + s.value"})
+                .whenMatchedUpdateAll()
+                .whenNotMatchedInsertAll("s.value % 2 = 0")
+                .whenNotMatchedBySourceUpdate("t.value < 20", set={"value": "-t.value"})
+                .whenNotMatchedBySourceDelete("t.value >= 90")
+                .execute())
+
+    def update(dt, src: DataFrame) -> None:  # noqa: ANN001
+        dt.update("region = 'eu'", {"value": "value * 10"})
+
+    def delete(dt, src: DataFrame) -> None:  # noqa: ANN001
+        dt.delete(F.col("value") > 500)
+
+    ours, _ = side_by_side(spark, participant, lake, "dim", target_rows(rng, 30), True,
+                           [full_merge, update, delete], source)
+    history = RustTable(str(ours)).history()
+    assert len(history) == 2, "the batch's three operations are one Delta commit"
+    assert history[0]["percolake.operation"] == "MERGE,UPDATE,DELETE"
+
+
+def test_several_source_rows_matching_one_target_row_fail_naming_it(spark, lake_daemon,
+                                                                    lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"dup-{lake.name}")
+    table = lake / "dup"
+    make_table(spark, table, [(1, 10, "eu"), (2, 20, "us")], False)
+    source = spark.createDataFrame([(2, 1, "eu", "U"), (2, 2, "us", "U")],
+                                   f"{SCHEMA}, op string")
+    with pytest.raises(MultipleSourceRowsMatch,
+                       match="DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE") as failed:
+        participant.run_batch(spark.range(1), 0,
+                              lambda df, b, txn: cdc_merge(txn.delta_table(str(table)), source))
+    assert "'id': 2" in str(failed.value)
+    with pytest.raises(Exception, match="MULTIPLE_SOURCE_ROW"):  # delta-spark fails the same
+        cdc_merge(DeltaTable.forPath(spark, str(table)), source)
+    with pytest.raises(MultipleSourceRowsMatch):  # also beside a not-matched-by-source clause
+        participant.run_batch(spark.range(1), 0, lambda df, b, txn: (
+            txn.delta_table(str(table)).alias("t").merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedUpdateAll().whenNotMatchedBySourceDelete().execute()))
+    assert RustTable(str(table)).version() == 0
+    attempt = transactions(lake_daemon.stub, participant.pipeline_id)[0]
+    assert "MULTIPLE_SOURCE_ROW" in attempt.abort_reason
+    assert not any((table / "_percolake").glob("*/*")), "the aborted attempt's files are gone"
+
+
+def test_a_failure_later_in_the_batch_hides_the_merge_and_the_replay_applies_it_once(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"replay-{lake.name}")
+    balances, log = lake / "balances", str(lake / "log")
+    make_table(spark, balances, [(1, 100, "eu")], False)
+    credit = spark.createDataFrame([(1, 10, "eu", "U")], f"{SCHEMA}, op string")
+
+    def batch(fail: bool):  # noqa: ANN202
+        def run(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+            (txn.delta_table(str(balances)).alias("t").merge(credit.alias("s"), "t.id = s.id")
+             .whenMatchedUpdate(set={"value": "t.value + s.value"}).execute())
+            txn.write(credit, log)
+            if fail:
+                raise RuntimeError("a later write of the batch failed")
+        return run
+
+    with pytest.raises(RuntimeError, match="later write"):
+        participant.run_batch(spark.range(1), 0, batch(fail=True))
+    assert table_rows(spark, balances) == [(1, 100, "eu")]
+    assert not any((balances / "_percolake").glob("*/*"))
+    participant.run_batch(spark.range(1), 0, batch(fail=False))
+    participant.run_batch(spark.range(1), 0, batch(fail=False))  # a replay: already committed
+    assert table_rows(spark, balances) == [(1, 110, "eu")]
+    assert len(read_delta_table(log).to_pylist()) == 1
+    assert len(committed_batches(lake_daemon.stub, participant.pipeline_id)) == 1
+
+
+def test_an_outside_commit_after_the_read_aborts_the_attempt_and_the_batch_retries(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"outside-{lake.name}",
+                              row_level_retries=2)
+    table = lake / "dim"
+    make_table(spark, table, [(1, 1, "eu"), (2, 2, "us")], False)
+    source = spark.createDataFrame([(1, 50, "eu", "U"), (3, 30, "ap", "U")],
+                                   f"{SCHEMA}, op string")
+    attempts = []
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        cdc_merge(txn.delta_table(str(table)), source)
+        attempts.append(txn.txn_id)
+        if len(attempts) == 1:  # another writer appends after this attempt read the table
+            write_deltalake(str(table), pyarrow.table(
+                {"id": [3], "value": [7], "region": ["ap"]}), mode="append")
+
+    participant.run_batch(spark.range(1), 0, batch)
+    assert len(attempts) == 2
+    states = {t.txn_id: t for t in transactions(lake_daemon.stub, participant.pipeline_id)}
+    assert "conflicts with its row-level write" in states[attempts[0]].abort_reason
+    assert not (table / "_percolake" / attempts[0]).exists()
+    # the retry read the outside row: id 3 matched it (updated), not inserted twice
+    assert table_rows(spark, table) == [(1, 50, "eu"), (2, 2, "us"), (3, 30, "ap")]
+
+
+def test_a_delta_spark_write_inside_the_batch_fails_it_naming_txn_delta_table(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"inside-{lake.name}")
+    table = lake / "dim"
+    make_table(spark, table, [(1, 1, "eu")], False)
+    source = spark.createDataFrame([(1, 5, "eu", "U")], f"{SCHEMA}, op string")
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        txn.delta_table(str(table)).delete("id = 99")  # the batch writes the table
+        cdc_merge(DeltaTable.forPath(df.sparkSession, str(table)), source)  # delta-spark's own
+
+    with pytest.raises(RowLevelWriteRefused, match=r"txn\.delta_table"):
+        participant.run_batch(spark.range(1), 0, batch)
+    history = [json.dumps(h) for h in RustTable(str(table)).history()]
+    assert not any("percolake.txn_id" in h for h in history), "nothing of the batch committed"
+
+
+def test_files_with_deletion_vectors_are_refused_and_the_others_rewritten(spark, lake_daemon,
+                                                                         lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"dv-{lake.name}")
+    table = lake / "dv"
+    (spark.createDataFrame([(1, 1, "eu"), (2, 2, "eu")], SCHEMA).coalesce(1).write
+     .format("delta").option("delta.enableDeletionVectors", "true").save(str(table)))
+    spark.createDataFrame([(3, 3, "us"), (4, 4, "us")], SCHEMA).coalesce(1).write \
+        .format("delta").mode("append").save(str(table))
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 1")  # a deletion vector on eu's file
+    assert "deletionVector" in (table / "_delta_log" / f"{2:020d}.json").read_text()
+    participant.run_batch(spark.range(1), 0, lambda df, b, txn: txn.delta_table(
+        str(table)).update("region = 'us'", {"value": "value * 100"}))
+    assert table_rows(spark, table) == [(2, 2, "eu"), (3, 300, "us"), (4, 400, "us")]
+    with pytest.raises(RowLevelWriteRefused, match="deletion vector"):
+        participant.run_batch(spark.range(1), 1, lambda df, b, txn: txn.delta_table(
+            str(table)).update("id = 2", {"value": "0"}))
+    assert table_rows(spark, table) == [(2, 2, "eu"), (3, 300, "us"), (4, 400, "us")]

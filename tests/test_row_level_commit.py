@@ -1,0 +1,165 @@
+"""Row-level write intents (no Spark): their codec and validation, the conflict rules checked
+before the commit point, and the apply of removes beside adds (I12)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from coordinator import validation
+from coordinator.core import CoordinatorConfig, TransactionCoordinator
+from coordinator.store import MemoryStore
+from percolake import codec
+from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake.lake.arrow_read import read_delta_table
+from percolake.lake.conflicts import RowLevelConflict, check_row_level_write
+from percolake.lake.delta_commit import CannotApplyAsRead, apply_table_write, files_of_version
+from percolake.lake.warehouse import canonical_table_uri
+from percolake.lake.write_check import WriteChecker
+from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
+from percolake.states import TxnState
+
+APP, TXN = "percolake:p:g0", "a" * 32
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2, 3], "value": [10, 20, 30]}))
+    return path
+
+
+def rewrite(table: Path, ids: list[int], values: list[int], txn_id: str = TXN
+            ) -> TableWriteRecord:
+    """A row-level write of version 0: its one file replaced by one holding ``ids``."""
+    folder = table / "_percolake" / txn_id / "op0"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "part-0.parquet"
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
+                             "value": pa.array(values, pa.int64())}), path)
+    add = AddFileRecord(path.relative_to(table).as_posix(), path.stat().st_size, {}, 0,
+                        json.dumps({"numRecords": len(ids)}))
+    files = files_of_version(f"file://{table}", 0)
+    removes = tuple(RemoveFileRecord(f.path, f.size, {}) for f in files.files)
+    return TableWriteRecord(f"file://{table}", WriteMode.ROW_LEVEL, (add,), files.schema_json,
+                            (), remove_files=removes, read_version=0, operation="MERGE",
+                            operation_metrics=json.dumps({"numTargetRowsDeleted": "1"}))
+
+
+def rows(table: Path) -> list[tuple]:
+    return sorted((r["id"], r["value"]) for r in read_delta_table(str(table)).to_pylist())
+
+
+def test_a_row_level_intent_survives_the_codec_and_the_record_json(table):
+    write = rewrite(table, [1, 2], [10, 25])
+    assert codec.table_write_from_pb(codec.table_write_to_pb(write)) == write
+    assert TableWriteRecord.from_json(json.loads(write.json_text)) == write
+    append = TableWriteRecord("file:///x", WriteMode.APPEND, (), write.schema_json)
+    assert "remove_files" not in append.to_json(), "other modes keep their stored form"
+
+
+def test_validation_refuses_removes_that_cannot_be_meant(table):
+    write = rewrite(table, [1], [1])
+    validation.check_table_write(write, TXN, 10**6)
+    own = RemoveFileRecord(f"_percolake/{TXN}/op1/part-9.parquet", 1, {})
+    cases = {
+        "needs the ROW_LEVEL mode": dataclasses.replace(write, mode=WriteMode.APPEND),
+        "read_version": dataclasses.replace(write, read_version=-1),
+        "operation": dataclasses.replace(write, operation="OPTIMIZE"),
+        "removed twice": dataclasses.replace(write, remove_files=write.remove_files * 2),
+        "relative path of a data file": dataclasses.replace(write, remove_files=(own,)),
+    }
+    for message, bad in cases.items():
+        with pytest.raises(InvalidArgument, match=message):
+            validation.check_table_write(bad, TXN, 10**6)
+
+
+def test_the_apply_commits_removes_beside_adds_once_with_the_operation_metrics(table):
+    write = rewrite(table, [1, 2], [10, 25])
+    check_row_level_write(write)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5)
+    assert version == 1 and rows(table) == [(1, 10), (2, 25)]
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 1
+    assert DeltaTable(str(table)).version() == 1, "a replay never applies it twice"
+    info = DeltaTable(str(table)).history(1)[0]
+    assert info["percolake.operation"] == "MERGE"
+    assert info["operationMetrics"] == {"numTargetRowsDeleted": "1"}
+
+
+def test_an_outside_append_since_the_read_conflicts_before_the_commit_point(table):
+    write = rewrite(table, [1], [10])
+    write_deltalake(str(table), pa.table({"id": [9], "value": [90]}), mode="append")
+    with pytest.raises(RowLevelConflict, match=r"version 1 \(WRITE.*added 1 file"):
+        check_row_level_write(write)
+
+
+def test_an_outside_commit_without_data_does_not_conflict(table):
+    write = rewrite(table, [1], [10])
+    dt = DeltaTable(str(table))
+    dt.create_write_transaction([], "append", dt.schema())  # commitInfo only
+    check_row_level_write(write)
+
+
+def test_a_removed_file_not_in_the_table_is_refused(table):
+    write = rewrite(table, [1], [10])
+    ghost = dataclasses.replace(write, remove_files=(RemoveFileRecord("ghost.parquet", 1, {}),))
+    with pytest.raises(FailedPrecondition, match="ghost.parquet"):
+        check_row_level_write(ghost)
+
+
+def test_after_commit_an_outside_rewrite_stops_the_apply_instead_of_applying_it_elsewhere(
+        table):
+    write = rewrite(table, [1], [10])
+    DeltaTable(str(table)).optimize.compact()  # nothing to compact: adds no version
+    DeltaTable(str(table)).delete("id = 3")  # an outside DELETE rewrites the file read
+    before = rows(table)
+    with pytest.raises(CannotApplyAsRead, match="removed 1 file"):
+        apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5)
+    assert rows(table) == before
+
+
+def real_core(root: Path) -> TransactionCoordinator:
+    """A coordinator core with the real pre-commit check and Delta applier (no daemon)."""
+    return TransactionCoordinator(
+        MemoryStore(), CoordinatorConfig([str(root)], txn_timeout_s=60, conflict_wait_s=0.2),
+        applier=apply_table_write, remove_files=lambda location: None,
+        write_check=WriteChecker(roots=[str(root)]).check)
+
+
+def test_the_coordinator_refuses_the_commit_of_a_write_an_outside_commit_conflicts_with(
+        tmp_path, table):
+    core = real_core(tmp_path)
+    uri = canonical_table_uri(str(table))
+    txn, _ = core.open_transaction("p", 0)
+    core.declare_tables(txn.txn_id, None, [uri])
+    write_deltalake(str(table), pa.table({"id": [9], "value": [90]}), mode="append")
+    with pytest.raises(RowLevelConflict, match="conflicts with its row-level write"):
+        core.commit(txn.txn_id, None, [uri], writes=[rewrite(table, [1], [1], txn.txn_id)])
+    assert core.get_transaction(txn.txn_id).state != TxnState.COMMITTED
+    assert rows(table) == [(1, 10), (2, 20), (3, 30), (9, 90)]
+
+
+def test_a_committed_write_an_outside_writer_broke_is_never_applied_and_keeps_its_table(
+        tmp_path, table):
+    """The window between COMMITTED and the Delta commit: the coordinator's roll-forward finds
+    the outside DELETE, applies nothing, and the table refuses the next writer naming why."""
+    core = real_core(tmp_path)
+    uri = canonical_table_uri(str(table))
+    txn, _ = core.open_transaction("p", 0)
+    core.declare_tables(txn.txn_id, None, [uri])
+    committed = core.commit(txn.txn_id, None, [uri],
+                            writes=[rewrite(table, [1, 2], [10, 25], txn.txn_id)])
+    assert committed.state == TxnState.COMMITTED
+    DeltaTable(str(table)).delete("id = 3")  # the driver died; an outside writer commits
+    before = rows(table)
+    other, _ = core.open_transaction("p", 1)  # its next batch
+    with pytest.raises(CannotApplyAsRead, match="not applied against other data"):
+        core.declare_tables(other.txn_id, None, [uri])
+    assert rows(table) == before == [(1, 10), (2, 20)]
+    assert core.get_transaction(txn.txn_id).state == TxnState.COMMITTED
