@@ -93,7 +93,7 @@ class FakeDelta:
             return frozenset()
         return frozenset(versions[-1 if version is None else version])
 
-    def files_of_version(self, table: str, version: int) -> VersionFiles:
+    def files_of_version(self, table: str, version: int, *, restore: bool = False) -> VersionFiles:
         return VersionFiles(SCHEMA, (), tuple(self.versions[table][version].values()))
 
     def table_layout(self, table: str) -> TableLayout | None:

@@ -272,7 +272,7 @@ class Revising(CoreState):
                                                layout.schema_json,
                                                tuple(layout.partition_columns)))
                 continue
-            files = files_of_version(table, version)
+            files = files_of_version(table, version, restore=True)
             writes.append(TableWriteRecord(table, WriteMode.OVERWRITE, files.files,
                                            files.schema_json, files.partition_columns))
         return writes

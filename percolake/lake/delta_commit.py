@@ -108,7 +108,7 @@ class VersionFiles(NamedTuple):
     files: tuple[AddFileRecord, ...]
 
 
-def files_of_version(table_uri: str, version: int) -> VersionFiles:
+def files_of_version(table_uri: str, version: int, *, restore: bool = False) -> VersionFiles:
     """The data files of ``table_uri`` at ``version``, as write intents list them: real
     relative paths, partition values as Delta's strings, the stats delta-rs reports (row
     count, null counts; min and max of numbers, strings, booleans and dates; others left out,
@@ -116,7 +116,8 @@ def files_of_version(table_uri: str, version: int) -> VersionFiles:
 
     Raises:
         FailedPrecondition: the table or that version cannot be read (no table, version
-            removed by log cleanup), or it has deletion vectors (not restorable this way).
+            removed by log cleanup), or, with ``restore`` (the files are to be added again),
+            it has deletion vectors (not restorable this way).
     """
     try:
         table = open_table(table_uri, version)
@@ -125,7 +126,7 @@ def files_of_version(table_uri: str, version: int) -> VersionFiles:
                                  f"({exc})") from None
     if table is None:
         raise FailedPrecondition(f"table {table_uri} has no Delta log")
-    if _layout_of(table).protocol.has("deletionVectors"):
+    if restore and _layout_of(table).protocol.has("deletionVectors"):
         raise FailedPrecondition(
             f"table {table_uri} has deletion vectors: a revision re-adds a version's files "
             "without them (delta-rs cannot write an add's deletion vector), so deleted rows "
