@@ -34,6 +34,50 @@ from coordinator.launcher import DaemonProcess  # noqa: E402
 from percolake.credentials import ClientSecurity  # noqa: E402
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
+# ---------------------------------------------------------------- parallel runs (pytest-xdist)
+
+# Under ``-n N --dist loadgroup`` (scripts/test.sh) every test gets a group, and a group runs
+# on one worker: the tests of the one local SparkSession share it, those of the Spark
+# standalone cluster share it, a test module keeps its module-scoped daemons; a test that runs
+# Spark drivers as child processes is a group of its own, so those spread over the workers.
+SPARK_SESSION_GROUP = "spark-session"
+SPARK_CLUSTER_GROUP = "spark-cluster"
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The xdist group of a test (see above)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "spark_cluster" in fixtures:
+        return SPARK_CLUSTER_GROUP
+    if "spark" in fixtures:
+        return SPARK_SESSION_GROUP
+    if item.get_closest_marker("spark"):
+        return item.nodeid.rsplit("/", 1)[-1]
+    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def _start_rank(item: pytest.Item) -> int:
+    """Longest first, so that no worker is left with a long test at the end: Spark drivers and
+    the cluster, then the shared session's tests, then other slow tests, then the rest."""
+    group = xdist_group_of(item)
+    if group == SPARK_SESSION_GROUP:
+        return 1
+    if item.get_closest_marker("spark"):
+        return 0
+    return 2 if item.get_closest_marker("slow") else 3
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", default="no") != "loadgroup":
+        return
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+    # with --no-loadscope-reorder the groups are handed out in this order (a stable sort: the
+    # same on every worker, as xdist requires)
+    items.sort(key=_start_rank)
+
 
 class Daemon(DaemonProcess):
     """A coordinator child process that knows its warehouse root and has a stub ready."""
