@@ -36,35 +36,44 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 # ---------------------------------------------------------------- parallel runs (pytest-xdist)
 
-# Under ``-n N --dist loadgroup`` (scripts/test.sh) every test gets a group, and a group runs
-# on one worker: the tests of the one local SparkSession share it, those of the Spark
-# standalone cluster share it, a test module keeps its module-scoped daemons; a test that runs
-# Spark drivers as child processes is a group of its own, so those spread over the workers.
+# Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker: the
+# tests of the one local SparkSession share it, those of the Spark standalone cluster share it,
+# the tests of a module that use a module-scoped fixture (a daemon) share it. Every other test
+# (those running Spark drivers as child processes too) goes to whichever worker is free.
 SPARK_SESSION_GROUP = "spark-session"
 SPARK_CLUSTER_GROUP = "spark-cluster"
+_SHARED_SCOPES = ("module", "class", "package")
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """The xdist group of a test (see above)."""
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values())
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group of a test, None for one that may run on any worker (see above)."""
     fixtures = set(getattr(item, "fixturenames", ()))
     if "spark_cluster" in fixtures:
         return SPARK_CLUSTER_GROUP
     if "spark" in fixtures:
         return SPARK_SESSION_GROUP
-    if item.get_closest_marker("spark"):
-        return item.nodeid.rsplit("/", 1)[-1]
-    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    if _uses_module_fixture(item):
+        return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return None
 
 
 def _start_rank(item: pytest.Item) -> int:
     """Longest first, so that no worker is left with a long test at the end: Spark drivers and
-    the cluster, then the shared session's tests, then other slow tests, then the rest."""
+    the cluster, the shared session's tests, other slow tests, groups, then the rest."""
     group = xdist_group_of(item)
     if group == SPARK_SESSION_GROUP:
         return 1
     if item.get_closest_marker("spark"):
         return 0
-    return 2 if item.get_closest_marker("slow") else 3
+    if item.get_closest_marker("slow"):
+        return 2
+    return 3 if group else 4
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
@@ -72,8 +81,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("dist", default="no") != "loadgroup":
         return
     for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        group = xdist_group_of(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
     # with --no-loadscope-reorder the groups are handed out in this order (a stable sort: the
     # same on every worker, as xdist requires)
     items.sort(key=_start_rank)
