@@ -36,12 +36,14 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 # ---------------------------------------------------------------- parallel runs (pytest-xdist)
 
-# Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker: the
-# tests of the one local SparkSession share it, those of the Spark standalone cluster share it,
-# the tests of a module that use a module-scoped fixture (a daemon) share it. Every other test
-# (those running Spark drivers as child processes too) goes to whichever worker is free.
+# Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker, one
+# test after another. Spark runs in two lanes: the tests of the one local SparkSession, and the
+# tests that run Spark drivers as child processes or use the standalone cluster (each driver a
+# JVM: more of them at once than the two lanes only fight over the cores). The tests of a
+# module that use a module-scoped fixture (a daemon) share a worker too; every other test goes
+# to whichever worker is free.
 SPARK_SESSION_GROUP = "spark-session"
-SPARK_CLUSTER_GROUP = "spark-cluster"
+SPARK_DRIVERS_GROUP = "spark-drivers"
 _SHARED_SCOPES = ("module", "class", "package")
 
 
@@ -54,26 +56,25 @@ def _uses_module_fixture(item: pytest.Item) -> bool:
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group of a test, None for one that may run on any worker (see above)."""
     fixtures = set(getattr(item, "fixturenames", ()))
-    if "spark_cluster" in fixtures:
-        return SPARK_CLUSTER_GROUP
     if "spark" in fixtures:
         return SPARK_SESSION_GROUP
+    if "spark_cluster" in fixtures or (item.get_closest_marker("spark")
+                                       and item.get_closest_marker("slow")):
+        return SPARK_DRIVERS_GROUP
     if _uses_module_fixture(item):
         return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
     return None
 
 
 def _start_rank(item: pytest.Item) -> int:
-    """Longest first, so that no worker is left with a long test at the end: Spark drivers and
-    the cluster, the shared session's tests, other slow tests, groups, then the rest."""
+    """Longest first, so that no worker is left with a long test at the end: the two Spark
+    lanes, other slow tests, groups, then the rest."""
     group = xdist_group_of(item)
-    if group == SPARK_SESSION_GROUP:
-        return 1
-    if item.get_closest_marker("spark"):
+    if group in (SPARK_DRIVERS_GROUP, SPARK_SESSION_GROUP):
         return 0
     if item.get_closest_marker("slow"):
-        return 2
-    return 3 if group else 4
+        return 1
+    return 2 if group else 3
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
