@@ -79,7 +79,8 @@ def _start_rank(item: pytest.Item) -> int:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", default="no") != "loadgroup":
+    # a worker has xdist's ``loadgroup`` flag (its ``dist`` is "no"); a run without -n neither
+    if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
         group = xdist_group_of(item)
