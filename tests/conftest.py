@@ -77,6 +77,16 @@ def _start_rank(item: pytest.Item) -> int:
     return 2 if group else 3
 
 
+def _tag_node_id(item: pytest.Item, group: str) -> None:
+    """xdist schedules a group by an ``@group`` suffix of the node id, which xdist 3.8 writes
+    where pytest 8 kept the id (``_nodeid``); pytest 9 keeps it in ``_id``: written here."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest 8: xdist's own hook does it
+        return
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # a worker has xdist's ``loadgroup`` flag (its ``dist`` is "no"); a run without -n neither
@@ -86,6 +96,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group_of(item)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+            _tag_node_id(item, group)
     # with --no-loadscope-reorder the groups are handed out in this order (a stable sort: the
     # same on every worker, as xdist requires)
     items.sort(key=_start_rank)
