@@ -6,6 +6,8 @@ seconds since each pipeline's last commit) is computed when scraped, from the co
 at that moment (none on a standby), under the core's lock for one pass over its view.
 Labels are bounded: method names, status codes, states, error class names, abort
 categories, and pipeline ids (one series each) — never a transaction id.
+
+The HTTP endpoint that serves them is ``coordinator/metrics_endpoint.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -199,23 +201,3 @@ def _topology_metrics(core: Any) -> Iterator[Metric]:
             end_to_end.add_metric([pipeline.pipeline_id], pipeline.end_to_end_delay_ms / 1000)
     yield own
     yield end_to_end
-
-
-class MetricsServer:
-    """The /metrics HTTP endpoint on ``host:port`` (read-only; see docs/metrics.md)."""
-
-    def __init__(self, host: str, port: int, current_core: Callable[[], Any]) -> None:
-        self.collector = CoreCollector(current_core)
-        REGISTRY.register(self.collector)
-        try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=REGISTRY)
-        except BaseException:
-            REGISTRY.unregister(self.collector)
-            raise
-        self.port = self._server.server_port
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-        REGISTRY.unregister(self.collector)

@@ -25,8 +25,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator import metrics, tls, web
-from coordinator.auth.credentials import SecurityFileError
+from coordinator import http_serving, metrics, metrics_endpoint, tls, web
+from coordinator.auth.audit import AuditLog
+from coordinator.auth.credentials import Credentials, SecurityFileError
 from coordinator.auth.setup import Security, build_security
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
 from coordinator.leadership import Fatal, FixedCore, Leadership
@@ -153,7 +154,9 @@ class ServerOptions:
     open_health: bool = False  # health and reflection answer without a credential
     audit_log: str = ""  # a file: refusals and administrative actions, one JSON line each
     admin_token_file: str = ""  # the bootstrap admin's token (created if missing)
-    metrics_port: int = 0  # Prometheus /metrics over HTTP on host:metrics_port; 0: off
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: off
+    # /metrics answers without a credential even under --authenticate or --client-ca
+    metrics_open: bool = False
     http_port: int = 0  # the read-only web view on host:http_port; 0: off
 
 
@@ -206,25 +209,50 @@ class RunningServer:
         self.web = self._serve_web() if options.http_port else None
         self.set_serving(False)
 
-    def _serve_metrics(self) -> metrics.MetricsServer:
-        """/metrics on the gRPC host: read-only and unauthenticated (docs/metrics.md)."""
-        served = metrics.MetricsServer(self.options.host, self.options.metrics_port,
-                                       lambda: self.core)
-        level = logging.INFO if tls.is_loopback(self.options.host) else logging.WARNING
-        log.log(level, "serving Prometheus metrics over plain HTTP without authentication",
-                extra={"host": self.options.host, "metrics_port": served.port})
+    def _serve_metrics(self) -> metrics_endpoint.MetricsServer:
+        """/metrics on the gRPC host, asking what gRPC asks unless open (docs/metrics.md)."""
+        open_because = tls.metrics_open_because(self.options)
+        access = http_serving.HttpAccess(
+            http_serving.tls_context(self.options, client_certificates=not open_because),
+            None if open_because else self._credentials(), self._audit_log())
+        served = metrics_endpoint.MetricsServer(self.options.host, self.options.metrics_port,
+                                                lambda: self.core, access)
+        loopback = tls.is_loopback(self.options.host)
+        if open_because:
+            who = f"anyone who reaches the port ({open_because}"
+            who += ", loopback only)" if loopback else ")"
+        else:
+            who = _credential_needed(access)
+            if access.credentials is not None:
+                who += " with DESCRIBE on every pipeline"
+        log.log(logging.INFO if loopback or not open_because else logging.WARNING,
+                "serving Prometheus metrics over %s to %s", access.scheme.upper(), who,
+                extra={"host": self.options.host, "metrics_port": served.port,
+                       "scheme": access.scheme, "open": bool(open_because),
+                       "open_because": open_because})
         return served
 
     def _serve_web(self) -> web.WebServer:
-        """The web view on the gRPC host, behind the same tokens (docs/operations.md)."""
-        credentials = self.security.credentials if self.security else None
+        """The web view on the gRPC host, asking what gRPC asks (docs/operations.md)."""
+        access = http_serving.HttpAccess(http_serving.tls_context(self.options),
+                                         self._credentials(), self._audit_log())
         served = web.WebServer(self.options.host, self.options.http_port,
-                               lambda: self.fixed or self.leadership, credentials)
-        level = logging.INFO if tls.is_loopback(self.options.host) else logging.WARNING
-        log.log(level, "serving the web view over plain HTTP (bearer tokens travel in clear)",
+                               lambda: self.fixed or self.leadership, access)
+        loopback = tls.is_loopback(self.options.host)
+        clear = access.tls is None and access.credentials is not None
+        exposed = access.tls is None or not (access.credentials or access.client_certificates)
+        log.log(logging.INFO if loopback or not exposed else logging.WARNING,
+                "serving the web view over %s to %s%s", access.scheme.upper(),
+                _credential_needed(access), " (bearer tokens travel in clear)" if clear else "",
                 extra={"host": self.options.host, "http_port": served.port,
-                        "authenticated": credentials is not None})
+                       "scheme": access.scheme, "authenticated": access.credentials is not None})
         return served
+
+    def _credentials(self) -> Credentials | None:
+        return self.security.credentials if self.security else None
+
+    def _audit_log(self) -> AuditLog | None:
+        return self.security.audit_log if self.security else None
 
     @property
     def core(self) -> TransactionCoordinator | None:
@@ -280,6 +308,17 @@ class RunningServer:
         if self.metrics is not None:
             self.metrics.stop()
         log.info("stopped")
+
+
+def _credential_needed(access: http_serving.HttpAccess) -> str:
+    """Who an HTTP endpoint answers, for the start-up log."""
+    certificate = access.client_certificates
+    if access.credentials is None:
+        return ("callers with a client certificate of --client-ca" if certificate
+                else "anyone who reaches the port (authentication is off)")
+    return ("callers whose bearer token or client certificate (of --client-ca, required) "
+            "names a principal" if certificate else "callers whose bearer token names a "
+            "principal")
 
 
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:

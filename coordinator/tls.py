@@ -27,6 +27,8 @@ class TransportOptions(Protocol):
     client_ca: str
     insecure: bool
     authenticate: bool
+    metrics_port: int
+    metrics_open: bool
 
 
 class TransportSettingsError(ValueError):
@@ -64,6 +66,7 @@ def check(options: TransportOptions) -> None:
     """
     server_credentials(options)
     _exposure(options)
+    _metrics_exposure(options)
 
 
 def add_port(server: grpc.Server, options: TransportOptions) -> int:
@@ -125,6 +128,29 @@ def _exposure(options: TransportOptions) -> list[str]:
             "reach it. Add what is missing, bind 127.0.0.1, or pass --insecure to accept the "
             "risk")
     return missing
+
+
+def metrics_open_because(options: TransportOptions) -> str:
+    """Why /metrics answers callers without a credential ("" when it needs one, as gRPC
+    does): ``--metrics-open``, or no authentication at all (no --authenticate, no
+    --client-ca)."""
+    if options.metrics_open:
+        return "--metrics-open"
+    if not (options.authenticate or options.client_ca):
+        return "authentication is off"
+    return ""
+
+
+def _metrics_exposure(options: TransportOptions) -> None:
+    """/metrics open to anyone is served on loopback, or with --metrics-open."""
+    if (options.metrics_port and not is_loopback(options.host) and not options.metrics_open
+            and metrics_open_because(options)):
+        raise TransportSettingsError(
+            f"refusing to serve /metrics on {options.host or 'every interface'}:"
+            f"{options.metrics_port} to anyone who reaches it: the address is not loopback "
+            "and authentication is off. Add --authenticate or --client-ca (then /metrics "
+            "needs a credential, as gRPC does), bind 127.0.0.1, or pass --metrics-open to "
+            "serve it open on purpose")
 
 
 def _read_pem(path: str, flag: str, kind: str) -> bytes:

@@ -77,6 +77,9 @@ def describe_char(char: str) -> str:
     return f"U+{ord(char):04X} ({name})"
 
 
+MAX_CATALOG_NAME = 1024  # characters of a table's catalog name (display only)
+
+
 def check_text(name: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise InvalidArgument(f"{name} is {len(value)} characters long; at most {limit}")
@@ -288,6 +291,7 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
     if not isinstance(write.mode, WriteMode):
         raise InvalidArgument(f"table {write.table}: unknown write mode {write.mode!r}")
     columns = check_schema(write.table, write.schema_json)
+    check_text(f"table {write.table}: catalog_name", write.catalog_name, MAX_CATALOG_NAME)
     missing = [c for c in write.partition_by if c not in columns]
     if missing:
         raise InvalidArgument(f"table {write.table}: partition columns {missing} not in schema")

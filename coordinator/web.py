@@ -2,9 +2,11 @@
 pages and their JSON twins under ``/api``, read in-process from the serving core.
 
 Each page makes the calls the equivalent RPCs make (the servicer's own method bodies) under
-the same access rules: with ``--authenticate`` a request needs ``Authorization: Bearer
-<token>`` (401 without) and the permission the RPC needs (403). A standby answers 503 naming
-the leader. Every value is HTML-escaped; pages carry no script (the CSP forbids any).
+the same access rules: HTTPS with the daemon's certificate when it has one, a client
+certificate under ``--client-ca``, and with ``--authenticate`` a bearer token or that
+certificate (401 without; ``http_serving``) and the permission the RPC needs (403). A standby
+answers 503 naming the leader. Every value is HTML-escaped; pages carry no script (the CSP
+forbids any).
 """
 
 from __future__ import annotations
@@ -12,26 +14,32 @@ from __future__ import annotations
 import html
 import json
 import logging
-import socket
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
 
 from coordinator.auth.access import Checks, authorize
 from coordinator.auth.credentials import Credentials
-from coordinator.hanging import find_hanging
+from coordinator.auth.identity import Unauthenticated
+from coordinator.http_serving import HTTP_EXPECTED, CallerHandler, HttpAccess, HttpServer
 from coordinator.leadership import CoreProvider, NotServing
-from coordinator.ops_cli import UNFINISHED, duration, pipeline_json, txn_json
-from coordinator.ops_cli import _age as age_text
 from coordinator.oracle import wall_ms_of
 from coordinator.servicer import CoordinatorServicer
 from coordinator.status_codes import status_for
-from coordinator.topology_cli import delay_text, topology_json, utc_time
+from coordinator.views import (
+    UNFINISHED,
+    age_text,
+    delay_text,
+    duration,
+    find_hanging,
+    pipeline_json,
+    topology_json,
+    txn_json,
+    utc_time,
+)
 from percolake.errors import InvalidArgument, NotLeader, ProtocolError, StoreUnavailable
 from percolake.v1 import coordinator_pb2 as pb
 
@@ -341,7 +349,8 @@ def transaction_html(txn: dict[str, Any]) -> str:
     tables = _table(
         ["Table", "Mode", "Prewritten", "Files", "Rows", "Applied", "Delta version",
          "Write location"],
-        [[_e(t["table"]), _e(t["mode"]), _e("yes" if t["prewritten"] else "no"),
+        [[_e(t["table"] + (f" ({t['name']})" if t.get("name") else "")), _e(t["mode"]),
+          _e("yes" if t["prewritten"] else "no"),
           _e(t["file_count"]), _e(t["row_count"]), _e("yes" if t["applied"] else "no"),
           _e(t["delta_version"]), _e(t["write_location"])] for t in txn["tables"]],
         "no tables")
@@ -490,32 +499,21 @@ def route(reader: Reader, path: str, query: dict[str, list[str]]) -> tuple[Any, 
 
 class WebServer:
     """The web view on ``host:port`` (0: a free port); ``cores`` gives the running core
-    provider (None while starting); ``credentials`` None: no authentication."""
+    provider (None while starting); ``access`` what callers must present."""
 
     def __init__(self, host: str, port: int, cores: Callable[[], CoreProvider | None],
-                 credentials: Credentials | None) -> None:
-        handler = type("Handler", (_Handler,), {"cores": staticmethod(cores),
-                                                "credentials": credentials})
-        server_class = type("Server", (ThreadingHTTPServer,), {
-            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET,
-            "daemon_threads": True})
-        self._server = server_class((host, port), handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="web",
-                                        daemon=True)
-        self._thread.start()
+                 access: HttpAccess) -> None:
+        self._http = HttpServer(host, port, _Handler, access, "web",
+                                cores=staticmethod(cores))
+        self.port = self._http.port
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._http.stop()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(CallerHandler):
     cores: Callable[[], CoreProvider | None]
-    credentials: Credentials | None
     server_version = "percolake-web"
-    sys_version = ""
 
     def do_GET(self) -> None:  # noqa: N802
         parts = urllib.parse.urlsplit(self.path)
@@ -524,10 +522,16 @@ class _Handler(BaseHTTPRequestHandler):
         if is_api:
             path = path[len("/api"):] or "/"
         query = urllib.parse.parse_qs(parts.query)
+        principal = ""
         try:
-            reader = Reader(self.cores(), self.credentials, self._principal())
+            principal = self._principal()
+            reader = Reader(self.cores(), self.access.credentials,
+                            None if self.access.credentials is None else principal)
             data, render = route(reader, path, query)
         except WebError as exc:
+            if exc.status in (401, 403):
+                self.audit_refusal(principal, "UNAUTHENTICATED" if exc.status == 401
+                                   else "PERMISSION_DENIED", str(exc))
             self._error(exc, is_api)
             return
         except InvalidArgument as exc:
@@ -542,21 +546,13 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(200, "text/html; charset=utf-8", render())
 
-    def _principal(self) -> str | None:
-        if self.credentials is None:
-            return None
-        value = self.headers.get("Authorization", "")
-        scheme, _, token = value.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise WebError(401, "send the header 'Authorization: Bearer <token>' "
-                           "(the coordinator authenticates callers)")
-        principal = self.credentials.principal_of(token)
-        if principal is not None:
-            return principal
-        if not self.credentials.loaded:
-            raise WebError(503, "the coordinator has not loaded its tokens yet; retry")
-        raise WebError(401, "unknown or revoked bearer token")
+    def _principal(self) -> str:
+        try:
+            return self.principal() or ""
+        except Unauthenticated as exc:
+            if exc.code == grpc.StatusCode.UNAVAILABLE:
+                raise WebError(503, str(exc)) from exc
+            raise WebError(401, f"{exc}: {HTTP_EXPECTED}") from exc
 
     def _error(self, error: WebError, is_api: bool) -> None:
         extra = {"WWW-Authenticate": 'Bearer realm="percolake"'} if error.status == 401 else {}
@@ -577,6 +573,3 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("web request", extra={"request": format % args})

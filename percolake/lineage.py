@@ -20,19 +20,33 @@ class Lineage:
 
     writers: dict[str, str] = field(default_factory=dict)  # table -> its owning pipeline
     reads: dict[str, set[str]] = field(default_factory=dict)  # pipeline -> tables it reads
+    # (pipeline, table read) -> the oracle timestamp the edge counts from, if not 0: a read
+    # a pipeline gained while it already wrote tables (docs/topology.md, lineage transitions)
+    since: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, writers: Iterable[tuple[str, str]], reads: Iterable[tuple[str, str]]) -> Lineage:
-        """From (table, owner) and (pipeline, table read) pairs."""
+    def of(cls, writers: Iterable[tuple[str, str]],
+           reads: Iterable[tuple[str, str] | tuple[str, str, int]]) -> Lineage:
+        """From (table, owner) pairs and (pipeline, table read[, since_ts]) tuples."""
         lineage = cls()
         for table, pipeline in writers:
             lineage.writers[table] = pipeline
-        for pipeline, table in reads:
-            lineage.reads.setdefault(pipeline, set()).add(table)
+        for pipeline, table, *since in reads:
+            lineage.add_read(pipeline, table, since[0] if since else 0)
         return lineage
 
     def copy(self) -> Lineage:
-        return Lineage(dict(self.writers), {p: set(t) for p, t in self.reads.items()})
+        return Lineage(dict(self.writers), {p: set(t) for p, t in self.reads.items()},
+                       dict(self.since))
+
+    def add_read(self, pipeline: str, table: str, since_ts: int = 0) -> None:
+        self.reads.setdefault(pipeline, set()).add(table)
+        if since_ts:
+            self.since[(pipeline, table)] = since_ts
+
+    def read_since(self, pipeline: str, table: str) -> int:
+        """The oracle timestamp from which ``pipeline``'s read of ``table`` counts (0: all)."""
+        return self.since.get((pipeline, table), 0)
 
     # ---------------------------------------------------------------- views
 

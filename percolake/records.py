@@ -52,9 +52,13 @@ class TableWriteRecord:
     schema_json: str
     partition_by: tuple[str, ...] = ()
     replace_partitions: tuple[PartitionValues, ...] = ()
+    # the write may add the columns of schema_json the table lacks (docs/schema-evolution.md)
+    merge_schema: bool = False
+    # the writer's Spark catalog name of the table (display only: tables are keyed by location)
+    catalog_name: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "table": self.table,
             "mode": self.mode.value,
             "add_files": [{"path": f.path, "size": f.size,
@@ -65,6 +69,11 @@ class TableWriteRecord:
             "partition_by": list(self.partition_by),
             "replace_partitions": [dict(p) for p in self.replace_partitions],
         }
+        if self.merge_schema:  # absent otherwise: records written before it read the same
+            data["merge_schema"] = True
+        if self.catalog_name:
+            data["catalog_name"] = self.catalog_name
+        return data
 
     @functools.cached_property
     def json_text(self) -> str:
@@ -82,6 +91,8 @@ class TableWriteRecord:
             schema_json=data["schema_json"],
             partition_by=tuple(data["partition_by"]),
             replace_partitions=tuple(dict(p) for p in data["replace_partitions"]),
+            merge_schema=bool(data.get("merge_schema", False)),
+            catalog_name=str(data.get("catalog_name", "")),
         )
 
     def row_count(self) -> int:

@@ -35,6 +35,11 @@ class SchemaMismatch(PercolakeError):
     """The batch's schema does not fit the existing table; nothing was written."""
 
 
+class UnsupportedTableFeature(PercolakeError):
+    """The table requires a Delta feature percolake cannot write; nothing was declared or
+    written (docs/delta-features.md)."""
+
+
 class TableNotWritten(PercolakeError):
     """The table has no committed write at or before the snapshot."""
 
@@ -46,3 +51,16 @@ class ObjectStoreNotConfigured(PercolakeError):
 class NotAppendOnly(PercolakeError):
     """A change the percolake source cannot stream (a version that removed rows); a table
     written by overwrite is read whole in the batch with ``txn.read(table)``."""
+
+
+class ConstraintViolation(PercolakeError):
+    """A row of the batch breaks a NOT NULL, CHECK or generated-column rule of its table (the
+    message names the rule and the row's values, as delta-spark's); nothing was committed."""
+
+
+class UnknownTable(PercolakeError):
+    """A table name that is neither a path nor a table of the session's catalog."""
+
+
+class UpstreamSchemaChanged(PercolakeError):
+    """An upstream table of the percolake source gained columns since the query started."""

@@ -26,6 +26,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -45,6 +46,7 @@ RESULT_SCHEMA = ("path string, size long, partition_values string, modification_
 # its already-scrubbed message through the Python traceback Spark wraps it in.
 # (built from a constant, so the traceback's own copy of the raising line never matches)
 _MARK = "percolake-storage-error"
+ARROW_FIELD_ID = b"PARQUET:field_id"
 _ERROR_MARK = re.compile(re.escape(_MARK) + r"\[(.*?)\]" + re.escape(_MARK), re.S)
 
 
@@ -59,12 +61,15 @@ class _Target:
     settings: storage.S3Settings
     bounds: storage.Limits
     file_prefix: str
+    physical: dict[str, Any] | None = None  # column mapping: the physical schema (field ids)
 
 
 def write_object_files(df: DataFrame, table_uri: str, location_uri: str,
-                       partition_by: list[str]) -> list[AddFileRecord]:
+                       partition_by: list[str], physical: dict[str, Any] | None = None
+                       ) -> list[AddFileRecord]:
     """Has the executors write ``df`` under the object-store ``location_uri``; returns the adds,
-    with paths relative to the table root.
+    with paths relative to the table root. ``physical``: a column-mapped table's physical
+    schema, whose Parquet field ids the files carry (``df`` has its physical names).
 
     Raises:
         StorageSettingsError, StorageRefused, StorageUnavailable: the store's settings are
@@ -76,7 +81,7 @@ def write_object_files(df: DataFrame, table_uri: str, location_uri: str,
         raise AssertionError(f"write location {location_uri} is not below {table_uri}")
     target = _Target(bucket, table_key.rstrip("/"), location_key.rstrip("/"),
                      tuple(partition_by), storage.s3_settings(), storage.limits(),
-                     f"part-{uuid.uuid4().hex[:12]}")
+                     f"part-{uuid.uuid4().hex[:12]}", physical)
     try:
         rows = df.mapInArrow(lambda batches: _write_task(target, batches), RESULT_SCHEMA) \
             .collect()
@@ -133,6 +138,8 @@ def _write_task(target: _Target, batches: Iterator[pa.RecordBatch]) -> Iterator[
         name = f"{target.file_prefix}-{task}-{number:03d}.snappy.parquet"
         relative_to_location = f"{folder}/{name}" if folder else name
         key = f"{target.location_key}/{relative_to_location}"
+        if target.physical is not None:
+            part = part.cast(with_field_ids(part.schema, target.physical))
         collector: list[pq.FileMetaData] = []
         try:
             with filesystem.open_output_stream(f"{target.bucket}/{key}") as out:
@@ -196,3 +203,37 @@ def _escape(text: str) -> str:
     value never makes a ``/``, ``..`` or a character an object key cannot carry)."""
     escaped = quote(text, safe="_-")
     return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
+
+
+def with_field_ids(schema: pa.Schema, physical: dict[str, Any]) -> pa.Schema:
+    """An Arrow schema whose fields carry the Parquet field ids of ``physical`` (a Delta schema
+    from ``physical_schema``), matched by name: what pyarrow writes as field ids."""
+    fields = {f["name"]: f for f in physical["fields"]}
+    return pa.schema([_arrow_field(f, fields.get(f.name)) for f in schema])
+
+
+def _arrow_field(field: pa.Field, spec: dict[str, Any] | None) -> pa.Field:
+    if spec is None:
+        return field
+    field = field.with_type(_arrow_type(field.type, spec["type"]))
+    field_id = spec.get("metadata", {}).get("parquet.field.id")
+    if field_id is None:
+        return field
+    return field.with_metadata({**(field.metadata or {}), ARROW_FIELD_ID: str(field_id)})
+
+
+def _arrow_type(arrow_type: pa.DataType, delta_type: Any) -> pa.DataType:
+    if not isinstance(delta_type, dict):
+        return arrow_type
+    if pa.types.is_struct(arrow_type) and delta_type.get("type") == "struct":
+        specs = {f["name"]: f for f in delta_type["fields"]}
+        return pa.struct([_arrow_field(arrow_type.field(i), specs.get(arrow_type.field(i).name))
+                          for i in range(arrow_type.num_fields)])
+    if pa.types.is_list(arrow_type) and delta_type.get("type") == "array":
+        value = arrow_type.value_field
+        return pa.list_(value.with_type(_arrow_type(value.type, delta_type["elementType"])))
+    if pa.types.is_map(arrow_type) and delta_type.get("type") == "map":
+        key, item = arrow_type.key_field, arrow_type.item_field
+        return pa.map_(key.with_type(_arrow_type(key.type, delta_type["keyType"])),
+                       item.with_type(_arrow_type(item.type, delta_type["valueType"])))
+    return arrow_type

@@ -13,9 +13,8 @@ are finished. After Commit nothing calls the JVM, so a stopping query cannot str
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +29,10 @@ from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
+from sparkside.catalog import is_table_name, resolve_table
 from sparkside.checkpoint_offsets import batch_source_offsets, check_checkpoint_location
 from sparkside.client import CoordinatorClient
+from sparkside.column_mapping import ColumnMapping
 from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
 from sparkside.errors import (
@@ -45,11 +46,11 @@ from sparkside.errors import (
 from sparkside.heartbeat import Heartbeat
 from sparkside.reader import read_table_version, snapshot_once_completed, topology_request
 from sparkside.schema_check import SchemaChecker
-from sparkside.session import use_object_store_settings
+from sparkside.session import run_executors_on_driver_python, use_object_store_settings
+from sparkside.table_rules import conform_batch, violation_of
 from sparkside.writer import delta_schema_json, write_files
 
 log = logging.getLogger("percolake.participant")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 UserFunction = Callable[[DataFrame, int, "BatchTransaction"], Any]
 MODES = {m.value: m for m in WriteMode}
@@ -83,7 +84,7 @@ class BatchTransaction:
                                           for loc in opened.locations}
 
     def write(self, df: DataFrame, table: str, mode: str = "append",
-              partition_by: list[str] | None = None) -> None:
+              partition_by: list[str] | None = None, merge_schema: bool = False) -> None:
         """Writes ``df`` to the Delta table at ``table`` as part of this batch's transaction.
 
         The checks run now; the files are written by a Spark job that runs in the background,
@@ -95,32 +96,61 @@ class BatchTransaction:
 
         Args:
             df: the rows; Spark's executors write them once, in parallel.
-            table: absolute path or ``file://`` URI under a warehouse root.
+            table: absolute path, ``file://`` or ``s3://`` URI under a warehouse root, or a
+                name in the session's catalog (``db.table``, ``catalog.db.table``).
             mode: ``append``, ``overwrite`` (whole table) or ``overwrite_partitions`` (only the
                 partitions present in ``df``).
             partition_by: partition columns; on the first write they create a partitioned
                 table, later they must match the table.
+            merge_schema: columns (and nested struct fields) the table lacks are added to it
+                in the batch's own Delta commit (delta-spark's ``mergeSchema``).
+
+        The batch is shaped and checked as delta-spark's writer does (docs/schema-evolution.md):
+        table columns it lacks are null, generated columns it lacks are computed, a column
+        named in another case is the table's; NOT NULL, CHECK constraints and generated
+        columns it gives are enforced inside the write job.
 
         Raises:
+            UnsupportedTableFeature: the table requires a Delta feature percolake cannot write
+                (docs/delta-features.md); nothing was declared or written.
             SchemaMismatch: the schema does not fit the table (nothing was written).
             WriteConflict: another live transaction holds the table.
+            ConstraintViolation: (at the commit) a row breaks a rule of the table; the batch
+                is aborted and nothing is committed.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+        catalog_name = table if is_table_name(table) else ""
+        table = resolve_table(df.sparkSession, table)
         canonical = canonical_table_uri(table)
         if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
+        # before the declare: a table percolake cannot write is refused with nothing declared
+        mapping = ColumnMapping.of(self._schemas.check_features(canonical))
         location = self.locations.get(canonical) or self._declare(table, canonical)
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
+        df = conform_batch(df, self._schemas.layout(canonical), canonical, self.batch_id)
         schema_json = delta_schema_json(df)
         partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
-                                         mode, self.batch_id)
+                                         mode, self.batch_id, merge_schema)
         self._tables.append(canonical)
 
         def write_table() -> TableWriteRecord:
-            adds = write_files(df, canonical, location, partitions)
+            try:
+                if mapping is None:
+                    adds = write_files(df, canonical, location, partitions)
+                else:  # physical names and field ids; the intent keys partitions by column
+                    adds = [dataclasses.replace(a, partition_values=mapping.logical_values(
+                        a.partition_values)) for a in write_files(
+                            mapping.frame(df), canonical, location,
+                            mapping.partition_columns(partitions), mapping.physical)]
+            except Exception as exc:
+                violation = violation_of(exc, canonical, self.batch_id)
+                if violation is None:
+                    raise
+                raise violation from None
             fail_point("mid-prewrite", self.batch_id)
             replace = ()
             if MODES[mode] == WriteMode.OVERWRITE_PARTITIONS:
@@ -128,7 +158,7 @@ class BatchTransaction:
                             for a in adds}
                 replace = tuple(dict(values) for values in sorted(distinct, key=str))
             return TableWriteRecord(canonical, MODES[mode], tuple(adds), schema_json,
-                                    tuple(partitions), replace)
+                                    tuple(partitions), replace, merge_schema, catalog_name)
 
         self.running.submit(df.sparkSession, table, write_table)
 
@@ -146,6 +176,7 @@ class BatchTransaction:
         """
         if self._spark is None:
             raise ValueError("this BatchTransaction has no SparkSession to read with")
+        table = resolve_table(self._spark, table)
         register = pb.RegisterReadsRequest(pipeline_id=self.pipeline_id, tables=[table])
         if self._epoch is not None:
             register.epoch = self._epoch
@@ -249,7 +280,9 @@ class Participant:
 
     def run_batch(self, batch_df: DataFrame, batch_id: int, fn: UserFunction) -> None:
         """Runs one micro-batch as one transaction (see the module doc)."""
-        query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        context = batch_df.sparkSession.sparkContext
+        run_executors_on_driver_python(context)  # before any write job of the batch
+        query_id = context.getLocalProperty("sql.streaming.queryId")
         self._register(query_id)
         request = pb.OpenTransactionRequest(pipeline_id=self.pipeline_id, batch_id=batch_id,
                                             epoch=self.epoch)

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from percolake.credentials import ClientSecurity
 from percolake.lake.warehouse import is_object_store, spark_uri
 from percolake.v1 import coordinator_pb2 as pb
+from sparkside.catalog import resolve_table
 from sparkside.client import CoordinatorClient
 from sparkside.errors import BatchRefused, ObjectStoreNotConfigured, TableNotWritten
 from sparkside.session import use_object_store_settings
@@ -42,7 +43,8 @@ class Snapshot:
     """
 
     def __init__(self, spark: SparkSession, reply: pb.GetSnapshotResponse,
-                 client: CoordinatorClient | None = None) -> None:
+                 client: CoordinatorClient | None = None,
+                 names: dict[str, str] | None = None) -> None:
         self._spark = spark
         self._client = client
         self.snapshot_ts: int = reply.snapshot_ts
@@ -55,9 +57,11 @@ class Snapshot:
             reply.lease.lease_id else None
         self.lease_expires_unix_ms: int | None = (reply.lease.expires_unix_ms
                                                   if self.lease_id else None)
+        names = names or {}  # location asked -> the catalog name the caller gave
         self.versions: dict[str, int | None] = {
-            t.table: (t.delta_version if t.exists else None) for t in reply.tables}
-        self._canonical = {t.table: t.canonical_table for t in reply.tables}
+            names.get(t.table, t.table): (t.delta_version if t.exists else None)
+            for t in reply.tables}
+        self._canonical = {names.get(t.table, t.table): t.canonical_table for t in reply.tables}
 
     def table(self, name: str) -> DataFrame:
         """The table as a Spark DataFrame at this snapshot.
@@ -117,7 +121,8 @@ class ConsistentReader:
         """A consistent snapshot of ``tables``.
 
         Args:
-            tables: absolute paths or ``file://`` URIs; ``Snapshot.table`` takes the same strings.
+            tables: absolute paths, ``file://`` or ``s3://`` URIs, or names in the session's
+                catalog (``db.table``); ``Snapshot.table`` takes the same strings.
             as_of: None for the latest; a commit_ts to travel to; ``(pipeline, batch)`` for the
                 state right after that batch of the current generation, or
                 ``(pipeline, generation, batch)``. Not with ``consistency="topology"``.
@@ -140,10 +145,13 @@ class ConsistentReader:
                              f"got {consistency!r}")
         if barrier is not None and consistency != "topology":
             raise ValueError("barrier= reads a topology snapshot: pass consistency='topology'")
+        names = {resolve_table(self._spark, t): t for t in tables}
+        tables = list(names)
         if consistency == "topology":
             if as_of is not None:
                 raise ValueError("a topology snapshot travels with barrier=, not as_of=")
-            return self._topology_snapshot(tables, barrier, wait_s, lease_s, lease_holder)
+            return self._topology_snapshot(tables, barrier, wait_s, lease_s, lease_holder,
+                                           names)
         request = self._request(tables, wait_s, lease_s, lease_holder)
         if consistency != "snapshot":  # unspecified is the snapshot, for older coordinators
             request.consistency = CONSISTENCIES[consistency]
@@ -157,7 +165,8 @@ class ConsistentReader:
         elif as_of is not None:
             raise ValueError("as_of is a commit_ts, (pipeline, batch) or "
                              f"(pipeline, generation, batch); got {as_of!r}")
-        return Snapshot(self._spark, self._client.call("GetSnapshot", request), self._client)
+        return Snapshot(self._spark, self._client.call("GetSnapshot", request), self._client,
+                        names)
 
     def _request(self, tables: Sequence[str], wait_s: float | None, lease_s: float | None,
                  lease_holder: str | None) -> pb.GetSnapshotRequest:
@@ -174,10 +183,11 @@ class ConsistentReader:
 
     def _topology_snapshot(self, tables: Sequence[str], barrier: int | None,
                            wait_s: float | None, lease_s: float | None,
-                           lease_holder: str | None) -> Snapshot:
+                           lease_holder: str | None, names: dict[str, str]) -> Snapshot:
         request = topology_request(tables, barrier,
                                    self._request(tables, wait_s, lease_s, lease_holder))
-        snapshot = Snapshot(self._spark, self._client.call("GetSnapshot", request), self._client)
+        snapshot = Snapshot(self._spark, self._client.call("GetSnapshot", request), self._client,
+                            names)
         if barrier is not None:
             return snapshot  # time travel: the floor is for the latest answers only
         key = frozenset(snapshot._canonical.values())
@@ -190,7 +200,7 @@ class ConsistentReader:
             snapshot.release()
             request.as_of_barrier = floor
             snapshot = Snapshot(self._spark, snapshot_once_completed(self._client, request),
-                                self._client)
+                                self._client, names)
         self._topology_floor[key] = (max(floor, snapshot.barrier_ts or 0),
                                      max(revised, snapshot.revised_ts))
         return snapshot

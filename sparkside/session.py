@@ -2,9 +2,9 @@
 
 ``configure_spark(builder)`` adds delta-spark to a user's ``SparkSession.builder``: its jar
 (fetched by Spark from Maven Central on first use, see ``spark.jars.packages``), its SQL
-extension and catalog, and ``spark.pyspark.python``; with a warehouse on S3 also Hadoop's S3
-connector and ``fs.s3a.*`` from the AWS environment. ``local_spark`` is the session of
-percolake's tests and demo (local, or on a cluster's master), built on it.
+extension and catalog, and the executors' Python (``PYSPARK_PYTHON``); with a warehouse on S3
+also Hadoop's S3 connector and ``fs.s3a.*`` from the AWS environment. ``local_spark`` is the
+session of percolake's tests and demo (local, or on a cluster's master), built on it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pyspark
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from percolake.lake.storage import hadoop_s3a_options
 from percolake.lake.warehouse import is_object_store
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+PYTHON_KEY = "spark.pyspark.python"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 SCALA_VERSION = "2.13"  # PySpark 4 is built for Scala 2.13 only
 
@@ -85,7 +87,9 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
       extension in ``spark.sql.extensions`` and its catalog as ``spark_catalog``. Spark
       fetches the jars from Maven Central into its Ivy cache (``spark.jars.ivy``, default
       ``~/.ivy2.5.2``) when the session starts: about 13 MB the first time, nothing after.
-    - ``spark.pyspark.python``: this interpreter, so that executors run the same Python.
+    - ``spark.pyspark.python`` and ``PYSPARK_PYTHON`` (the one a session started from Python
+      reads): this interpreter (or the ``spark.pyspark.python`` the builder has), so that
+      executors run the same Python; a ``PYSPARK_PYTHON`` already set is the user's choice.
     - when ``warehouse`` (a root or table URI, or several) is on S3: Hadoop's S3 connector
       (``S3_CONNECTOR``, for delta-spark's reads through ``s3a://``) and ``spark.hadoop.fs.s3a.*``
       from the AWS variables or profile (``percolake.lake.storage``), each only where the
@@ -108,9 +112,28 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
     builder = _extend(builder, options, "spark.sql.extensions", [DELTA_EXTENSION])
     builder = _default(builder, options, "spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     if not os.environ.get("PYSPARK_PYTHON"):
-        builder = _default(builder, options, "spark.pyspark.python", sys.executable)
+        builder = _default(builder, options, PYTHON_KEY, sys.executable)
+        # PySpark started from Python takes its workers' interpreter from this variable alone
+        # (read when the SparkContext starts); the setting only reaches spark-submit
+        os.environ["PYSPARK_PYTHON"] = _options(builder)[PYTHON_KEY]
     _announce_first_fetch(_options(builder))
     return builder
+
+
+def run_executors_on_driver_python(context: SparkContext) -> None:
+    """Makes the Python workers of a running session's later jobs run the interpreter the user
+    chose (``PYSPARK_PYTHON``, else ``spark.pyspark.python``), else this one.
+
+    For sessions not built with ``configure_spark``, or built before ``PYSPARK_PYTHON`` was
+    set: PySpark reads the variable once, when the SparkContext starts, and otherwise runs
+    ``python3`` from the executors' ``PATH``, which may lack pyarrow or percolake. Python
+    functions take the interpreter from the context when a job is planned, so setting it here
+    covers every later job, whatever the import order.
+    """
+    chosen = os.environ.get("PYSPARK_PYTHON") or context.getConf().get(PYTHON_KEY, None)
+    wanted = chosen or sys.executable
+    if context.pythonExec != wanted:
+        context.pythonExec = wanted
 
 
 def local_spark(app_name: str = "percolake", cores: int = 2,

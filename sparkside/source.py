@@ -21,7 +21,10 @@ runs in Spark's forked Python workers.
 
 Optional options: ``retry_s`` (coordinator retry budget, default 60), ``tls_ca``, ``tls_cert``,
 ``tls_key``, ``token`` (else the ``PERCOLAKE_*`` environment variables of Spark's Python
-workers, as for the participant).
+workers, as for the participant), ``new_columns``: the rows carry the upstream table's columns
+as they were when the query started; a file with columns added upstream since fails the batch
+naming them (``"fail"``, the default: restart the query to read them) or they are left out
+(``"ignore"``).
 """
 
 from __future__ import annotations
@@ -41,17 +44,22 @@ from percolake.credentials import ClientSecurity
 from percolake.lake import storage
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.v1 import coordinator_pb2 as pb
+from sparkside.catalog import is_table_name
 from sparkside.client import CoordinatorClient
 from sparkside.delta_log import TableLog
 from sparkside.errors import BatchRefused, InvalidRequest
+from sparkside.session import run_executors_on_driver_python
 from sparkside.source_files import FilePartition, read_file
 
 FORMAT = "percolake"
 REGISTER_ATTEMPTS = 3
+NEW_COLUMNS = ("fail", "ignore")  # the source's new_columns option: upstream columns added later
 
 
 def register(spark: SparkSession) -> None:
-    """Registers the ``percolake`` streaming source on ``spark`` (once per session)."""
+    """Registers the ``percolake`` streaming source on ``spark`` (once per session); its
+    planner and readers run the driver's Python unless the user chose another."""
+    run_executors_on_driver_python(spark.sparkContext)
     spark.dataSource.register(PercolakeDataSource)
 
 
@@ -97,6 +105,7 @@ class SourceOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     token: str | None = None
+    ignore_new_columns: bool = False  # option new_columns: "fail" (default) or "ignore"
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -109,9 +118,19 @@ class SourceOptions:
             raise ValueError(f"the percolake source needs {', '.join(missing)}: "
                              'readStream.format("percolake").option("coordinator", "host:port")'
                              '.option("pipeline", "<reading pipeline>").load("<table>")')
+        if is_table_name(str(table)):
+            raise ValueError(
+                f"the percolake source takes a table's path or URI, not the catalog name "
+                f"{table!r}: its planner runs in a Python worker, without the session's "
+                f"catalog. Load it by location: .load(sparkside.resolve_table(spark, {table!r}))")
+        new_columns = str(options.get("new_columns", "fail")).lower()
+        if new_columns not in NEW_COLUMNS:
+            raise ValueError(f"option new_columns must be one of {NEW_COLUMNS}, got "
+                             f"{new_columns!r}")
         return cls(canonical_table_uri(str(table)), options["coordinator"], options["pipeline"],
                    float(options.get("retry_s", 60.0)), options.get("tls_ca"),
-                   options.get("tls_cert"), options.get("tls_key"), options.get("token"))
+                   options.get("tls_cert"), options.get("tls_key"), options.get("token"),
+                   new_columns == "ignore")
 
     def client(self) -> CoordinatorClient:
         security = ClientSecurity.resolve(tls_ca=self.tls_ca, tls_cert=self.tls_cert,
@@ -229,7 +248,7 @@ class PercolakeStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, FilePartition):
             raise TypeError(f"not a percolake source partition: {partition!r}")
-        return read_file(partition, self.arrow_schema)
+        return read_file(partition, self.arrow_schema, self.options.ignore_new_columns)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the reading pipeline's commit records its input barrier."""

@@ -2,7 +2,9 @@
 
 Each file becomes Arrow record batches in exactly the Arrow schema Spark expects of the source's
 Spark schema: columns in schema order, cast to their types, partition values (strings in the
-Delta log) added as columns, columns the file lacks (added to the table later) as nulls.
+Delta log) added as columns, columns the file lacks (added to the table later) as nulls. A file
+with columns the schema lacks (added upstream after the query started) is refused, unless the
+source's ``new_columns`` option is ``ignore``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pyspark.sql.datasource import InputPartition
 
 from percolake.lake import storage
 from sparkside.delta_log import DataFile
+from sparkside.errors import UpstreamSchemaChanged
 
 BATCH_ROWS = 65_536
 
@@ -43,11 +46,25 @@ class FilePartition(InputPartition):
         return storage.s3_filesystem(*self.s3)
 
 
-def read_file(partition: FilePartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The rows of the partition's file as record batches of ``schema``."""
+def read_file(partition: FilePartition, schema: pa.Schema,
+              ignore_new_columns: bool = False) -> Iterator[pa.RecordBatch]:
+    """The rows of the partition's file as record batches of ``schema``.
+
+    Raises:
+        UpstreamSchemaChanged: the file has columns ``schema`` lacks (the upstream table gained
+            them after the query started), unless ``ignore_new_columns``.
+    """
     with partition.filesystem().open_input_file(partition.file.path) as stream:
         parquet = pq.ParquetFile(stream)
         present = set(parquet.schema_arrow.names)
+        new = sorted(present - set(schema.names))
+        if new and not ignore_new_columns:
+            raise UpstreamSchemaChanged(
+                f"table {partition.table}: version {partition.version} has columns {new} that "
+                "this query's percolake source lacks (the upstream table gained them after the "
+                "query started; the source takes the table's schema when the query starts). "
+                "Restart the query to read them, or set .option(\"new_columns\", \"ignore\") "
+                "on the source to go on without them")
         wanted = [f.name for f in schema if f.name in present]
         values = dict(partition.file.partition_values)
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted):

@@ -16,6 +16,7 @@ import zoneinfo
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow.parquet as pq
@@ -59,16 +60,18 @@ def _nullable(data_type: T.DataType) -> T.DataType:
     return data_type
 
 
-def write_files(df: DataFrame, table_uri: str, location_uri: str,
-                partition_by: list[str]) -> list[AddFileRecord]:
+def write_files(df: DataFrame, table_uri: str, location_uri: str, partition_by: list[str],
+                physical: dict[str, Any] | None = None) -> list[AddFileRecord]:
     """Has the executors write ``df`` as Parquet under ``location_uri``; returns the adds.
 
     Paths in the returned adds are relative to the table root, as Delta stores them. On an
     object store the executors write through Arrow (``object_writer``); locally through Spark's
-    Parquet writer, then the driver reads the footers.
+    Parquet writer, then the driver reads the footers. ``physical``: a column-mapped table's
+    physical schema (``df`` already carries its names and, as Spark's field metadata, its
+    field ids, which Spark's writer writes itself).
     """
     if is_object_store(location_uri):
-        return write_object_files(df, table_uri, location_uri, partition_by)
+        return write_object_files(df, table_uri, location_uri, partition_by, physical)
     location = local_path(location_uri)
     writer = df.write.mode("overwrite").option("compression", "snappy")
     if partition_by:

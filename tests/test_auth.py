@@ -196,8 +196,8 @@ def tampered(token: str) -> str:
 
 
 def test_refusing_a_credential_costs_no_store_access(tmp_path):
-    from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
     from coordinator.auth.setup import build_security
+    from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
     from coordinator.core import CoordinatorConfig, TransactionCoordinator
     from coordinator.leadership import FixedCore
     from coordinator.server import RunningServer, ServerOptions
@@ -612,7 +612,7 @@ def test_tokens_made_without_authentication_work_once_it_is_on(daemon_factory):
 ])
 def test_patterns_match_ids_prefixes_and_folders(resource, pattern, name, expected):
     from coordinator.auth.acl import matches
-    from coordinator.auth.records import Resource
+    from coordinator.auth_records import Resource
 
     assert matches(Resource(resource), pattern, name) is expected
 

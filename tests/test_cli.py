@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.cli import _parser
+from coordinator.cli.program import _parser
 from percolake.v1 import coordinator_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent

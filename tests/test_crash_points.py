@@ -243,3 +243,17 @@ def test_apply_returns_the_version_holding_the_write_when_another_commit_lands_m
 
     monkeypatch.setattr(delta_commit, "open_table", open_then_another_commit_lands)
     assert apply(b, "b", "p", 1) == 1  # already applied at version 1
+
+
+# ---------------------------------------------------------------- table features (I10)
+
+
+def test_a_table_feature_percolake_cannot_write_leaves_no_table_of_the_batch_showing_it(
+        tmp_path):
+    """A table of the batch requires ``identityColumns``: the commit is refused naming it, a
+    coordinator crash right after changes nothing, no table shows the batch, snapshots answer;
+    once the feature is dropped the batch lands everywhere exactly once."""
+    outcome = scenarios.refused_table_feature(tmp_path)
+    _assert_clean(outcome)
+    assert "FAILED_PRECONDITION" in outcome.notes["refusal"]
+    assert outcome.notes["snapshot_s"] < 5

@@ -368,7 +368,7 @@ def _secured_call(guard, principal: str, name: str, core, request, call):
 
 def test_only_the_taker_or_an_admin_releases_a_lease_and_others_see_no_id(core, lake):
     from coordinator.auth.access import AccessDenied, Guard
-    from coordinator.auth.records import AclRecord, Permission, Resource
+    from coordinator.auth_records import AclRecord, Permission, Resource
     from coordinator.principal import acting_as
     from coordinator.servicer import _lease_to_pb
 

@@ -319,7 +319,7 @@ def test_unusable_target_exits_2():
 
 
 def test_older_than_parses_units():
-    from coordinator.ops_cli import duration
+    from coordinator.views import duration
 
     assert [duration(t) for t in ("90s", "5m", "2m", "1h", "1.5h")] == [
         90, 300, 120, 3600, 5400]

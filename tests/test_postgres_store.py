@@ -241,7 +241,7 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 6
+                            ).fetchone()[0] == 7
 
 
 def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
@@ -254,6 +254,7 @@ def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
                      f"VALUES ({', '.join(['%s'] * len(row))})", tuple(row.values()))
         conn.execute("INSERT INTO pipelines VALUES ('p', 2, 1, '', 5, 6, '[]', 0)")
         conn.execute("INSERT INTO table_commits VALUES ('file:///w/a', 20, 't1', 3)")
+        conn.execute("INSERT INTO read_edges VALUES ('q', 'file:///w/a', 9)")
     store = PostgresStore(pg_dsn)
     try:
         assert store.get_txn("t1") == txn("t1", 10)  # no input barrier, no offsets
@@ -263,22 +264,24 @@ def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
         commit = store.table_commit_at("file:///w/a", 20)
         assert (commit.input_barrier, commit.superseded_ts) == (0, 0)
         assert store.load_leases() == []
+        from coordinator.store.base import ReadEdge
+        assert store.load_read_edges() == [ReadEdge("q", "file:///w/a", 9, 0)]  # from the start
     finally:
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 6
+                            ).fetchone()[0] == 7
 
 
 def test_a_newer_schema_is_refused(pg_dsn):
     PostgresStore(pg_dsn).close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE meta SET value = 7 WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = 8 WHERE key = 'schema_version'")
     with pytest.raises(StoreSchemaError) as refused:
         PostgresStore(pg_dsn)
     assert str(refused.value) == (
         f"the store at 127.0.0.1:{urllib.parse.urlsplit(pg_dsn).port}/{dbname(pg_dsn)} has "
-        "schema 7; this coordinator knows up to 6: upgrade the coordinator")
+        "schema 8; this coordinator knows up to 7: upgrade the coordinator")
 
 
 def test_a_connection_cut_mid_batch_is_unavailable_then_reconnects(postgres_server, pg_dsn):

@@ -679,7 +679,7 @@ def test_the_root_offsets_are_those_of_the_newest_root_batch_at_the_barrier(tmp_
 def test_the_revise_barrier_is_an_oracle_timestamp_or_the_utc_time_topology_prints():
     import argparse
 
-    from coordinator.revise_cli import barrier_argument
+    from coordinator.cli.revise import barrier_argument
     from percolake.barriers import wall_ms_of_barrier
 
     assert barrier_argument("123456") == 123456
@@ -796,3 +796,134 @@ def test_a_topology_read_between_a_revisions_commit_and_its_resets_makes_the_res
     assert read.revised_ts == txn.commit_ts
     revision = core._finish_revision(core._get(txn.txn_id))  # the command goes on: no new reset
     assert [(p.pipeline_id, p.generation) for p in revision.pipelines] == [("ledger", 1)]
+
+
+# ---------------------------------------------------------------- lineage changing meanwhile
+
+
+def _meanwhile(core, action: Callable[[], None]) -> list[bool]:
+    """Runs ``action`` once, when the revision opens its transaction: after its plan, while
+    it would wait for its tables' holds. Returns a list that holds True once it ran."""
+    from coordinator.core.revision import REVISE_PIPELINE
+
+    real, ran = core.open_transaction, []
+
+    def open_transaction(pipeline_id, *args, **kwargs):
+        if pipeline_id == REVISE_PIPELINE and not ran:
+            ran.append(True)
+            action()
+        return real(pipeline_id, *args, **kwargs)
+
+    core.open_transaction = open_transaction
+    return ran
+
+
+def test_a_table_its_pipeline_starts_writing_while_a_revision_waits_is_revised_too(tmp_path):
+    """Revising ledger to B: while the revision waits, ledger commits a batch above B that
+    writes ledger and a table it never wrote before (extra). The revision decides its tables
+    at its commit point: extra is restored (to nothing) and its batch superseded, so the
+    re-run writes its rows once (issue 28, defect 2)."""
+    from coordinator.core.snapshots import Consistency
+
+    chain = InProcessChain(tmp_path, {"ledger": ["debits"]})
+    core, root = chain.core, chain.root
+    debits, ledger, extra = (chain.table(n) for n in ("debits", "ledger", "extra"))
+    barrier = chain.catch_up("ledger", ledger, chain.write("bank", debits))
+    above = chain.write("bank", debits)
+    at_barrier = core.completion().version_at(ledger, barrier).delta_version
+
+    def batch_writing_a_new_table() -> None:
+        plan = core.plan_barrier("ledger", 0, barrier)
+        while plan.barrier < above:
+            import time
+
+            time.sleep(0.05)
+            plan = core.plan_barrier("ledger", 0, barrier)
+        number = chain.batches["ledger"]
+        txn, _ = core.open_transaction("ledger", number, tables=[ledger, extra])
+        core.commit(txn.txn_id, None, [ledger, extra], [TableWriteRecord(
+            t, WriteMode.APPEND, (_file(root / t.rsplit("/", 1)[1], txn.txn_id, [number]),),
+            SCHEMA) for t in (ledger, extra)])
+        chain.batches["ledger"] = number + 1
+        core.get_snapshot([ledger, extra])  # applied
+        assert core.get_transaction(txn.txn_id).input_barrier > barrier
+
+    ran = _meanwhile(core, batch_writing_a_new_table)
+    revision = core.revise(ledger, barrier, "a bad release")
+    assert ran
+    assert {t.table: t.restored_version for t in revision.tables} == {ledger: at_barrier,
+                                                                      extra: None}
+    assert _ids(root / "extra") == []
+    assert _ids(root / "ledger") == _ids(root / "ledger", at_barrier)
+    assert core.store.first_table_commit_after(extra, 0, True) is None  # superseded
+    assert [p.pipeline_id for p in revision.pipelines] == ["ledger"]
+    tables = [debits, ledger, extra]
+    read = core.get_snapshot(tables, consistency=Consistency.TOPOLOGY)
+    assert read.snapshot_ts <= barrier or read.versions[extra] is not None
+
+
+def test_a_pipeline_reading_a_revised_table_registered_while_the_revision_waits_is_reset(
+        tmp_path):
+    """Revising debits (root) to B: while the revision waits, audit registers a read of
+    debits. The revision, deciding its pipelines at its commit point, starts audit anew
+    after the restore too (issue 28, defect 2)."""
+    chain = InProcessChain(tmp_path, {"ledger": ["debits"]})
+    core = chain.core
+    debits, ledger = chain.table("debits"), chain.table("ledger")
+    barrier = chain.catch_up("ledger", ledger, chain.write("bank", debits))
+    chain.write("bank", debits)
+    epoch = chain.core.register_pipeline("audit", None).epoch
+    ran = _meanwhile(core, lambda: core.register_reads("audit", [debits], epoch))
+    revision = core.revise(debits, barrier, "a bad import")
+    assert ran
+    assert {p.pipeline_id: p.generation for p in revision.pipelines} == {
+        "bank": 1, "ledger": 1, "audit": 1}
+    assert core.get_pipeline("audit").start_barrier == revision.revision_ts
+
+
+def test_a_revision_whose_lineage_keeps_changing_is_refused_with_nothing_revised(tmp_path):
+    from coordinator.core.revision import REPLANS, REVISE_PIPELINE
+    from percolake.errors import FailedPrecondition
+
+    chain = InProcessChain(tmp_path, {"ledger": ["debits"]})
+    core = chain.core
+    debits, ledger = chain.table("debits"), chain.table("ledger")
+    barrier = chain.catch_up("ledger", ledger, chain.write("bank", debits))
+    real, readers = core.open_transaction, []
+
+    def open_transaction(pipeline_id, *args, **kwargs):
+        if pipeline_id == REVISE_PIPELINE:  # a new reader before every commit point
+            readers.append(f"reader{len(readers)}")
+            core.register_reads(readers[-1], [debits], None)
+        return real(pipeline_id, *args, **kwargs)
+
+    core.open_transaction = open_transaction
+    with pytest.raises(FailedPrecondition) as refused:
+        core.revise(debits, barrier, "a bad import")
+    assert len(readers) == REPLANS
+    assert "lineage of the revised tables changed" in str(refused.value)
+    assert readers[-1] in str(refused.value) and "run it again" in str(refused.value)
+    attempts = core.list_transactions(TxnQuery(pipeline_id=REVISE_PIPELINE))
+    assert attempts and all(a.state == TxnState.ABORTED for a in attempts)
+    assert _ids(chain.root / "debits") == [0]  # nothing restored
+
+
+def test_a_derived_revision_below_its_writers_root_era_is_refused(tmp_path):
+    """enrich wrote events as a root pipeline, then started reading debits: events is derived
+    now, but re-reading debits cannot make its root-era commit again, so a revision to a
+    barrier before that commit is refused, naming it (docs/topology.md, lineage transitions)."""
+    from percolake.errors import FailedPrecondition
+
+    chain = InProcessChain(tmp_path, {})
+    core = chain.core
+    debits, events = chain.table("debits"), chain.table("events")
+    chain.write("bank", debits)
+    root_era = chain.write("enrich", events)
+    core.register_reads("enrich", [debits], None)
+    barrier = barrier_at_or_below(root_era - 1, INTERVAL_MS)
+    assert barrier > 0 and core.completion().completed(events) >= barrier
+    with pytest.raises(FailedPrecondition) as refused:
+        core.revise(events, barrier, "a bad release")
+    message = str(refused.value)
+    assert "before it read percolake tables" in message and events in message, message
+    assert core.list_transactions(TxnQuery(pipeline_id="percolake.revise")) == []

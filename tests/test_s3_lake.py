@@ -311,3 +311,34 @@ def test_cleanup_retries_a_transient_failure(moto_server, table, s3_bucket, monk
     monkeypatch.setattr(cleanup.time, "sleep", lambda s: None)
     remove_attempt_files(write_location(table, "abc"), roots=[f"s3://{s3_bucket}/wh"])
     assert moto_server.keys(s3_bucket, "wh/t/_percolake/abc/") == [] and not failures
+
+
+def test_a_merge_schema_write_on_s3_commits_its_new_column_with_the_data_exactly_once(
+        moto_server, table, s3_bucket):
+    """The log entry percolake writes itself (data and metaData) goes in with a conditional
+    put: of four appliers at once one writes the version, the others find it."""
+    apply(write_of(table, [upload(moto_server, table, "t1", [1])]), "t1", 0)
+    relative = "_percolake/t2/p=b/part-0.parquet"
+    fs = moto_server.filesystem()
+    path = f"{table.removeprefix('s3://')}/{relative}"
+    pq.write_table(pa.table({"x": pa.array([2], pa.int64()), "note": ["new"]}), path,
+                   filesystem=fs)
+    add = AddFileRecord(relative, fs.get_file_info(path).size, {"p": "b"}, 0,
+                        json.dumps({"numRecords": 1}))
+    wider = Schema.from_arrow(pa.schema([("x", pa.int64()), ("p", pa.string()),
+                                         ("note", pa.string())])).to_json()
+    write = TableWriteRecord(table, WriteMode.APPEND, (add,), wider, ("p",), (), True)
+    versions: list[int] = []
+    threads = [threading.Thread(target=lambda: versions.append(apply(write, "t2", 1)))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert versions == [1] * 4
+    assert moto_server.keys(s3_bucket, "wh/t/_delta_log/") == [
+        f"wh/t/_delta_log/{v:020d}.json" for v in (0, 1)]
+    data = read_delta_table(table)
+    assert sorted(zip(data.column("x").to_pylist(), data.column("note").to_pylist(),
+                      strict=True)) == [(1, None), (2, "new")]
+    assert storage.put_object_if_absent(commit_uri(table, 1), b"{}") is False

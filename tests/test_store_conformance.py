@@ -178,9 +178,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 7 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 8 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 7; this coordinator knows up to 6: "
+    with pytest.raises(StoreSchemaError, match="has schema 8; this coordinator knows up to 7: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -243,7 +243,7 @@ def test_a_transaction_keeps_the_principal_that_opened_it(store):
 
 
 def test_tokens_round_trip_and_revoke_once(store):
-    from coordinator.auth.records import TokenRecord
+    from coordinator.auth_records import TokenRecord
 
     live = TokenRecord("00000000000000aa", "ab" * 32, "alice", 5, description="spark job")
     other = TokenRecord("00000000000000bb", "cd" * 32, "bob", 6)
@@ -260,7 +260,7 @@ def test_tokens_round_trip_and_revoke_once(store):
 
 
 def test_acl_entries_are_added_once_and_removed(store):
-    from coordinator.auth.records import AclRecord, Permission, Resource
+    from coordinator.auth_records import AclRecord, Permission, Resource
 
     write = AclRecord("alice", Resource.PIPELINE, "p*", Permission.WRITE, 7)
     read = AclRecord("*", Resource.TABLE, "file:///w", Permission.READ, 8)
@@ -272,7 +272,7 @@ def test_acl_entries_are_added_once_and_removed(store):
 
 
 def test_a_failed_batch_leaves_no_token_or_acl_entry(store):
-    from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
+    from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
 
     with pytest.raises(RuntimeError), store.batch():
         store.insert_token(TokenRecord("00000000000000aa", "ab" * 32, "alice", 5))
@@ -299,7 +299,7 @@ def test_sqlite_schema_1_is_migrated_to_the_newest_keeping_its_records(tmp_path)
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 6
+                                   ).fetchone()[0] == 7
         assert store.get_txn("t1") == txn()  # principal "": opened without authentication
         assert store.load_tokens() == [] and store.load_acl() == []
         assert store.load_table_writers() == [] and store.load_read_edges() == []
@@ -397,9 +397,11 @@ def test_read_edges_are_recorded_once_each(store):
     assert store.insert_read_edge(ReadEdge("ledger", "file:///w/a", 6))
     assert store.insert_read_edge(ReadEdge("audit", "file:///w/b", 7))
     assert not store.insert_read_edge(ReadEdge("ledger", "file:///w/b", 8))
+    assert store.insert_read_edge(ReadEdge("ledger", "file:///w/c", 9, since_ts=77 << 18))
     assert store.load_read_edges() == [ReadEdge("audit", "file:///w/b", 7),
                                        ReadEdge("ledger", "file:///w/a", 6),
-                                       ReadEdge("ledger", "file:///w/b", 5)]
+                                       ReadEdge("ledger", "file:///w/b", 5),
+                                       ReadEdge("ledger", "file:///w/c", 9, 77 << 18)]
 
 
 def test_lineage_written_in_a_failed_batch_is_undone(store):
@@ -435,9 +437,11 @@ def test_input_barriers_and_source_offsets_round_trip(store):
 
 
 def index_with_input_barriers(store):
-    """Commits to a: (commit_ts, input barrier) (10, 0) (20, 100) (30, 200) (40, 0) (50, 300),
+    """Commits to a: (commit_ts, input barrier) (10, 0) (20, 100) (30, 200) (40, 250) (50, 300)
+    (the first made before its writer read a percolake table: keyed by its commit_ts),
     the one at 50 unapplied."""
-    for version, (ts, barrier) in enumerate(((10, 0), (20, 100), (30, 200), (40, 0), (50, 300))):
+    for version, (ts, barrier) in enumerate(((10, 0), (20, 100), (30, 200), (40, 250),
+                                             (50, 300))):
         store.add_table_commit(TableCommit("file:///w/a", ts, f"t{ts}", None, barrier))
         if ts < 50:
             store.set_table_commit_version("file:///w/a", ts, version)
@@ -449,9 +453,11 @@ def test_table_commits_in_a_range_by_commit_ts_or_by_input_barrier(store):
     by_ts = store.table_commits_in_range("file:///w/a", 10, 40, by_input_barrier=False)
     assert [c.commit_ts for c in by_ts] == [20, 30, 40]
     by_barrier = store.table_commits_in_range("file:///w/a", 0, 300, by_input_barrier=True)
-    assert [c.commit_ts for c in by_barrier] == [20, 30, 50]  # none without an input barrier
+    assert [c.commit_ts for c in by_barrier] == [10, 20, 30, 40, 50]  # 10: at its commit_ts
     assert [c.commit_ts for c in store.table_commits_in_range(
-        "file:///w/a", 100, 299, by_input_barrier=True)] == [30]
+        "file:///w/a", 100, 299, by_input_barrier=True)] == [30, 40]
+    assert [c.commit_ts for c in store.table_commits_in_range(
+        "file:///w/a", 9, 99, by_input_barrier=True)] == [10]
     assert store.table_commits_in_range("file:///w/a", 300, 999, by_input_barrier=True) == []
 
 
@@ -459,9 +465,10 @@ def test_a_tables_version_at_a_barrier_by_commit_ts_or_by_input_barrier(store):
     index_with_input_barriers(store)
     assert store.table_commit_at_barrier("file:///w/a", 45, False).commit_ts == 40
     assert store.table_commit_at_barrier("file:///w/a", 9, False) is None
-    at = store.table_commit_at_barrier("file:///w/a", 250, True)
+    at = store.table_commit_at_barrier("file:///w/a", 249, True)
     assert (at.commit_ts, at.input_barrier, at.delta_version) == (30, 200, 2)
-    assert store.table_commit_at_barrier("file:///w/a", 99, True) is None  # not the 0 ones
+    assert store.table_commit_at_barrier("file:///w/a", 99, True).commit_ts == 10  # its ts
+    assert store.table_commit_at_barrier("file:///w/a", 9, True) is None
     assert store.table_commit_at_barrier("file:///w/a", 300, True).commit_ts == 50
 
 
@@ -469,8 +476,9 @@ def test_the_first_commit_after_a_barrier(store):
     index_with_input_barriers(store)
     assert store.first_table_commit_after("file:///w/a", 20, False).commit_ts == 30
     assert store.first_table_commit_after("file:///w/a", 50, False) is None
-    assert store.first_table_commit_after("file:///w/a", 0, True).commit_ts == 20
-    assert store.first_table_commit_after("file:///w/a", 200, True).commit_ts == 50
+    assert store.first_table_commit_after("file:///w/a", 0, True).commit_ts == 10
+    assert store.first_table_commit_after("file:///w/a", 10, True).commit_ts == 20
+    assert store.first_table_commit_after("file:///w/a", 200, True).commit_ts == 40
     assert store.first_table_commit_after("file:///w/a", 300, True) is None
     assert store.first_table_commit_after("file:///w/c", 0, True) is None
 
@@ -482,8 +490,8 @@ def test_the_first_unapplied_input_barrier_of_a_table(store):
     assert store.first_unapplied_input_barrier("file:///w/b") == 150
     store.set_table_commit_version("file:///w/a", 50, 4)
     assert store.first_unapplied_input_barrier("file:///w/a") is None
-    store.add_table_commit(TableCommit("file:///w/a", 60, "t60", None, 0))  # a root's commit
-    assert store.first_unapplied_input_barrier("file:///w/a") is None
+    store.add_table_commit(TableCommit("file:///w/a", 60, "t60", None, 0))  # no input barrier
+    assert store.first_unapplied_input_barrier("file:///w/a") == 60  # keyed by its commit_ts
 
 
 def test_commits_a_revision_supersedes_are_no_change_and_no_version_by_input_barrier(store):
@@ -491,7 +499,7 @@ def test_commits_a_revision_supersedes_are_no_change_and_no_version_by_input_bar
     store.set_table_commit_version("file:///w/a", 50, 4)
     # a revision at 60 back to barrier 100: its restore row carries input barrier 100
     store.add_table_commit(TableCommit("file:///w/a", 60, "rev", None, 100, restore=True))
-    assert store.supersede_table_commits("file:///w/a", 60, 100) == 2  # (30, 200), (50, 300)
+    assert store.supersede_table_commits("file:///w/a", 60, 100) == 3  # 30, 40, 50
     assert store.supersede_table_commits("file:///w/a", 60, 100) == 0  # once
     assert store.newest_restore("file:///w/a") == 60
     assert store.newest_restore("file:///w/a", as_of_ts=59) == 0
@@ -502,16 +510,16 @@ def test_commits_a_revision_supersedes_are_no_change_and_no_version_by_input_bar
     assert store.table_commit_at("file:///w/b", 25).superseded_ts == 0  # another table
     # changes: neither superseded rows nor the restore; versions: the restore
     assert [c.commit_ts for c in store.table_commits_in_range(
-        "file:///w/a", 0, 999, by_input_barrier=True)] == [20]
+        "file:///w/a", 0, 999, by_input_barrier=True)] == [10, 20]
     assert store.first_table_commit_after("file:///w/a", 100, True) is None
     assert store.table_commit_at_barrier("file:///w/a", 250, True).commit_ts == 60
-    assert store.table_commit_at_barrier("file:///w/a", 99, True) is None
+    assert store.table_commit_at_barrier("file:///w/a", 99, True).commit_ts == 10
     assert store.first_unapplied_input_barrier("file:///w/a") == 100  # the restore's own
     # as the index stood before the revision (one answer's view while it commits)
     assert [c.commit_ts for c in store.table_commits_in_range(
-        "file:///w/a", 0, 999, by_input_barrier=True, as_of_ts=55)] == [20, 30, 50]
-    assert store.table_commit_at_barrier("file:///w/a", 250, True, as_of_ts=55).commit_ts == 30
-    assert store.first_table_commit_after("file:///w/a", 200, True, as_of_ts=55).commit_ts == 50
+        "file:///w/a", 0, 999, by_input_barrier=True, as_of_ts=55)] == [10, 20, 30, 40, 50]
+    assert store.table_commit_at_barrier("file:///w/a", 250, True, as_of_ts=55).commit_ts == 40
+    assert store.first_table_commit_after("file:///w/a", 200, True, as_of_ts=55).commit_ts == 40
     assert store.first_unapplied_input_barrier("file:///w/a", as_of_ts=55) is None
     assert store.first_unapplied_input_barrier("file:///w/a", as_of_ts=60) == 100
     # re-processed after the revision: input barriers from 100 up again, all live
@@ -522,7 +530,7 @@ def test_commits_a_revision_supersedes_are_no_change_and_no_version_by_input_bar
     assert store.table_commit_at_barrier("file:///w/a", 250, True, as_of_ts=65).commit_ts == 60
     # snapshots (by commit_ts) keep every row: time travel before the revision is unchanged
     assert store.table_commit_at("file:///w/a", 55).commit_ts == 50
-    assert store.table_commit_at_barrier("file:///w/a", 55, False).commit_ts == 40  # live
+    assert store.table_commit_at_barrier("file:///w/a", 55, False).commit_ts == 20  # live
 
 
 def test_last_input_barrier_counts_committed_attempts_of_the_generation(store):
@@ -612,7 +620,7 @@ def test_sqlite_schema_4_is_migrated_to_the_newest_keeping_its_records(tmp_path)
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 6
+                                   ).fetchone()[0] == 7
         assert store.get_txn("t1") == txn()  # no input barrier, no source offsets
         pipeline = store.load_pipelines()[0]
         assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,

@@ -443,6 +443,24 @@ def test_a_non_loopback_address_with_mtls_is_allowed(pki):
                             tls_key=str(pki.server.key), client_ca=str(pki.ca.cert)))
 
 
+@pytest.mark.parametrize("host,fields,refused", [
+    ("0.0.0.0", {"insecure": True}, True),  # open to anyone on the network: not by accident
+    ("0.0.0.0", {"insecure": True, "metrics_open": True}, False),
+    ("0.0.0.0", {"tls": True, "authenticate": True}, False),  # needs a credential there
+    ("127.0.0.1", {}, False),  # open on loopback
+])
+def test_open_metrics_off_loopback_need_metrics_open(pki, host, fields, refused):
+    tls_files = {"tls_cert": str(pki.server.cert), "tls_key": str(pki.server.key)} \
+        if fields.pop("tls", False) else {}
+    options = ServerOptions(host=host, port=0, metrics_port=9464, **tls_files, **fields)
+    if not refused:
+        tls.check(options)
+        return
+    with pytest.raises(tls.TransportSettingsError, match="--metrics-open") as caught:
+        tls.check(options)
+    assert "/metrics on 0.0.0.0:9464" in str(caught.value)
+
+
 def test_start_is_refused_before_the_store_opens_or_the_port_binds(tmp_path):
     data_dir = tmp_path / "data"
     with pytest.raises(tls.TransportSettingsError, match="refusing to serve 0.0.0.0"):

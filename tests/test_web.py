@@ -24,7 +24,7 @@ import pytest
 
 from coordinator.launcher import DaemonProcess
 from coordinator.oracle import wall_ms_of
-from coordinator.topology_cli import topology_json, utc_time
+from coordinator.views import topology_json, utc_time
 from percolake.barriers import barrier_at_or_below
 from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import apply_all, canonical, table_write, unique, wait_for

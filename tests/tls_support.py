@@ -72,18 +72,19 @@ class Authority:
         return self._issue(folder, name, x509.SubjectAlternativeName(alternative),
                            ExtendedKeyUsageOID.SERVER_AUTH)
 
-    def client(self, folder: Path, name: str) -> Pem:
-        """A client certificate whose subject common name is ``name``."""
-        return self._issue(folder, name, None, ExtendedKeyUsageOID.CLIENT_AUTH)
+    def client(self, folder: Path, name: str, subject: x509.Name | None = None) -> Pem:
+        """A client certificate whose subject common name is ``name``; with ``subject`` that
+        whole subject instead (``name`` then only names the files)."""
+        return self._issue(folder, name, None, ExtendedKeyUsageOID.CLIENT_AUTH, subject)
 
     def _issue(self, folder: Path, name: str, alternative: x509.SubjectAlternativeName | None,
-               usage: x509.ObjectIdentifier) -> Pem:
+               usage: x509.ObjectIdentifier, subject: x509.Name | None = None) -> Pem:
         folder.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
         builder = (
             x509.CertificateBuilder()
-            .subject_name(_name(name)).issuer_name(self._certificate.subject)
+            .subject_name(subject or _name(name)).issuer_name(self._certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))

@@ -42,7 +42,7 @@ from coordinator import validation
 from coordinator.auth import audit
 from coordinator.auth.audit import AuditLog
 from coordinator.auth.credentials import Credentials
-from coordinator.auth.records import Permission, Resource
+from coordinator.auth_records import Permission, Resource
 from coordinator.core.revision import check_not_reserved
 from coordinator.principal import current_principal
 from coordinator.status_codes import status_for

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from coordinator import validation
-from coordinator.auth.records import (
+from coordinator.auth_records import (
     ANY_PRINCIPAL,
     IMPLIED,
     PERMISSIONS_OF,
@@ -24,15 +24,39 @@ from coordinator.auth.records import (
 from percolake.errors import InvalidArgument
 
 EVERYTHING = "*"
+# A client certificate whose subject CN is ``alice`` is principal ``cert:alice``: certificate
+# principals never meet token principals (a CN ``admin`` is not the bootstrap admin).
+CERT_PREFIX = "cert:"
 
 
 def check_principal(principal: str, *, wildcard: bool = False) -> None:
-    """A principal is printable text (a token's name or a certificate's common name);
-    ``*`` only where it means every authenticated principal (an ACL entry)."""
+    """A principal is printable text: a token's name, or ``cert:`` and a client certificate's
+    common name; ``*`` only where it means every authenticated principal (an ACL entry)."""
     validation.check_id("principal", principal)
     if principal == ANY_PRINCIPAL and not wildcard:
         raise InvalidArgument("principal '*' is reserved for ACL entries (every authenticated "
                               "principal); name one principal")
+    if principal[:len(CERT_PREFIX)].lower() == CERT_PREFIX:
+        if not principal.startswith(CERT_PREFIX):
+            raise InvalidArgument(f"principal {principal[:80]!r}: write the certificate "
+                                  f"prefix in lower case, {CERT_PREFIX!r}")
+        check_common_name(principal[len(CERT_PREFIX):])
+
+
+def check_common_name(name: str) -> None:
+    """What may follow ``cert:``: one principal name (not ``*``)."""
+    validation.check_id("certificate common name", name)
+    if name == ANY_PRINCIPAL:
+        raise InvalidArgument("certificate common name '*' names no principal")
+
+
+def check_token_principal(principal: str) -> None:
+    """A token's principal: any principal but a certificate's (``cert:...``)."""
+    check_principal(principal)
+    if principal.lower().startswith(CERT_PREFIX):
+        raise InvalidArgument(f"principal {principal[:80]!r} names a client certificate "
+                              f"({CERT_PREFIX}<CN>); a token's principal cannot start with "
+                              f"{CERT_PREFIX!r}")
 
 
 def check_entry(entry: AclRecord, canonical_table: Callable[[str], str]) -> AclRecord:

@@ -16,7 +16,7 @@ from coordinator import validation
 from coordinator.auth import acl, tokens
 from coordinator.auth.access import Guard
 from coordinator.auth.credentials import Credentials
-from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
+from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
 from coordinator.core.state import wall_ms
 from coordinator.leadership import CoreProvider
 from coordinator.servicer import CoordinatorServicer, rpc
@@ -99,7 +99,7 @@ class SecuredServicer(CoordinatorServicer):
 
     @rpc
     def CreateToken(self, core, request, context):  # noqa: N802
-        acl.check_principal(request.principal)
+        acl.check_token_principal(request.principal)
         validation.check_text("description", request.description, MAX_DESCRIPTION)
         made = tokens.new_token()
         record = TokenRecord(made.token_id, made.secret_hash, request.principal, wall_ms(),

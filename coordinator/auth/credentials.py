@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coordinator.auth import tokens
 from coordinator.auth.acl import EVERYTHING, Policy
-from coordinator.auth.records import AclRecord, Permission, Resource, TokenRecord
+from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
 from coordinator.store.base import Store
 
 log = logging.getLogger("percolake.auth")

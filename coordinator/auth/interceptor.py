@@ -1,10 +1,10 @@
 """The one server interceptor that decides who calls: every call, every service.
 
-A call carrying metadata ``authorization: Bearer <token>`` is the token's principal (a bad
-token is refused even when a client certificate came too); without it, under mutual TLS, the
-principal is the client certificate's subject common name (CN). Anything else is refused
-UNAUTHENTICATED, from memory alone (no store access). With ``open_health`` the gRPC health
-and reflection services need no credential.
+Who calls is decided by ``identity.authenticate`` from the metadata ``authorization:
+Bearer <token>`` and, under mutual TLS, the whole client certificate gRPC verified
+(``x509_pem_cert``, never its cut-down ``x509_common_name``). A refusal is UNAUTHENTICATED,
+decided from memory alone (no store access), with one audit line. With ``open_health`` the
+gRPC health and reflection services need no credential.
 
 It also records each call for the audit log and writes the line of a refusal nobody else
 wrote (UNAUTHENTICATED here, malformed requests, limits refused before the servicer).
@@ -21,11 +21,10 @@ import grpc
 from coordinator.auth import audit
 from coordinator.auth.audit import AuditLog
 from coordinator.auth.credentials import Credentials
+from coordinator.auth.identity import EXPECTED, Unauthenticated, authenticate
 from coordinator.principal import ANONYMOUS, acting_as
 
 log = logging.getLogger("percolake.rpc")
-EXPECTED = ("send metadata 'authorization: Bearer <token>' or, where the coordinator "
-            "requires client certificates, a certificate whose subject CN names you")
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")
 _FACTORIES = {
@@ -36,12 +35,6 @@ _FACTORIES = {
 }
 # Not refusals: a standby's "not the leader", a shutting-down server (the client retries).
 _NOT_AUDITED = (None, grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE)
-
-
-class Unauthenticated(Exception):
-    def __init__(self, problem: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED):
-        super().__init__(problem)
-        self.code = code
 
 
 def _short(method: str) -> str:
@@ -99,30 +92,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def authenticate(self, context: grpc.ServicerContext) -> str:
         """The caller's principal; raises Unauthenticated saying what is wrong."""
         assert self.credentials is not None
-        values = [v for k, v in context.invocation_metadata() if k == "authorization"]
-        if len(values) > 1:
-            raise Unauthenticated(f"{len(values)} authorization metadata entries; send one")
-        if values:
-            value = values[0] if isinstance(values[0], str) else values[0].decode(errors="replace")
-            scheme, _, token = value.strip().partition(" ")
-            token = token.strip()
-            if scheme.lower() != "bearer" or not token:
-                raise Unauthenticated("malformed authorization metadata (not 'Bearer <token>')")
-            principal = self.credentials.principal_of(token)
-            if principal is not None:
-                return principal
-            if not self.credentials.loaded:
-                raise Unauthenticated("the coordinator has not loaded its tokens from the store "
-                                      "yet (the store is unreachable); retry",
-                                      grpc.StatusCode.UNAVAILABLE)
-            raise Unauthenticated("unknown or revoked bearer token")
-        common_names = context.auth_context().get("x509_common_name") or []
-        if common_names:
-            name = common_names[0].decode(errors="replace")
-            if name and name.isprintable() and name == name.strip():
-                return name
-            raise Unauthenticated("the client certificate's subject CN is not a usable name")
-        raise Unauthenticated("no credential")
+        values = [v if isinstance(v, str) else v.decode(errors="replace")
+                  for k, v in context.invocation_metadata() if k == "authorization"]
+        certificates = context.auth_context().get("x509_pem_cert") or [None]
+        return authenticate(self.credentials, values, certificates[0])
 
     def _audit_refusal(self, principal: str, context: grpc.ServicerContext) -> None:
         """A refusal answered below the servicer (or a failure) that no line recorded yet."""

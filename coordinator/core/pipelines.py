@@ -72,7 +72,7 @@ class Pipelines(CoreState):
     def reset_pipeline(
         self, pipeline_id: str, reason: str, expected_generation: int | None,
         require_idle: bool = False, query_id: str | None = None,
-        start_barrier: int | None = None, keep_plan: bool = True,
+        start_barrier: int | None = None, keep_plan: bool = True, revision: bool = False,
     ) -> tuple[PipelineRecord, bool, list[str]]:
         """Starts a new generation: live attempts aborted, epoch bumped, query id unbound (or
         bound to ``query_id`` at once, which may be a query id of an earlier generation).
@@ -84,6 +84,11 @@ class Pipelines(CoreState):
 
         With ``require_idle`` it refuses while the current generation is active: a live
         transaction, or a commit within the transaction timeout.
+
+        A start barrier below where the input of a pipeline that reads and writes percolake
+        tables stands is refused: its tables hold the results of that range, which their
+        readers already passed (docs/topology.md, lineage transitions); only a ``revision``,
+        which supersedes those results first, moves it back.
 
         Returns:
             The pipeline after the call, whether this call changed it, and the aborted txn ids.
@@ -115,6 +120,8 @@ class Pipelines(CoreState):
                 self._check_idle(current)
                 if query_id:  # I9: only a person may bring an earlier generation's id back
                     self._refuse_earlier_query_id(current, query_id)
+            if start_barrier is not None and not revision:
+                self._check_start_not_back(current, start_barrier)
             pipeline = current.copy()
             pipeline.resets.append(ResetRecord(
                 from_generation=current.generation, to_generation=current.generation + 1,
@@ -149,6 +156,23 @@ class Pipelines(CoreState):
         log.warning("pipeline reset", extra={"pipeline_id": pipeline_id,
                                              "generation": pipeline.generation, "reason": reason})
         return pipeline.copy(), True, [t.txn_id for t in aborted]
+
+    def _check_start_not_back(self, current: PipelineRecord, start_barrier: int) -> None:
+        """Under the lock: refuses a start barrier below the input start of a pipeline that
+        reads percolake tables and writes tables (``reset_pipeline``)."""
+        pipeline_id = current.pipeline_id
+        stands = self._input_start(current)
+        written = self._lineage.writes_of(pipeline_id)
+        if start_barrier >= stands or not written or not self._lineage.reads.get(pipeline_id):
+            return
+        raise FailedPrecondition(
+            f"start barrier {start_barrier} is below where pipeline {pipeline_id!r}'s input "
+            f"stands ({stands}): {written[0]} already holds its results up to there and its "
+            "readers passed them, so reading the range again would write them twice at "
+            "barriers nobody reads again (docs/topology.md, lineage transitions). To "
+            "reprocess from an earlier barrier, revise its table: `percolake-coordinator "
+            f"revise --table {written[0]} --to-barrier {start_barrier}`; or reset at or above "
+            f"{stands}")
 
     def _new_pipeline(self, pipeline_id: str) -> PipelineRecord:
         return PipelineRecord(pipeline_id=pipeline_id, created_ms=wall_ms())

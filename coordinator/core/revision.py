@@ -41,7 +41,8 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from coordinator import validation
 from coordinator.core.state import CoreState, wall_ms
@@ -54,6 +55,9 @@ from percolake.lake.delta_commit import files_of_version, table_layout
 from percolake.lineage import Lineage
 from percolake.records import TableWriteRecord, TxnRecord, WriteMode
 from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
+
+if TYPE_CHECKING:  # topology imports this module
+    from coordinator.core.topology import Completion
 
 log = logging.getLogger("percolake.coordinator")
 
@@ -105,6 +109,9 @@ class _Plan:
     pipelines: tuple[str, ...]  # W first, then the downstream ones
     restored: dict[str, int | None]  # table -> its version at the barrier
     derived: bool = False  # W reads percolake tables (module doc)
+    # The lineage facts the plan rests on (``_Affected.facts``), re-checked at the commit
+    # point; not recorded (a resumed revision is committed already).
+    facts: tuple = field(default=(), compare=False)
 
     def to_json(self) -> str:
         return json.dumps({_REVISION_KEY: {
@@ -160,9 +167,19 @@ class Revising(CoreState):
         canonical = self._canonical(table)
         with _REVISIONS:
             txn = self._resumable_revision(canonical, to_barrier)
-            if txn is None:
+            for attempt in range(1, REPLANS + 1) if txn is None else ():
                 plan = self._plan_revision(canonical, to_barrier, reason.strip())
-                txn = self._commit_revision(plan)
+                try:
+                    txn = self._commit_revision(plan)
+                    break
+                except LineageChanged as changed:
+                    log.warning("revision planned again", extra={"table": canonical,
+                                                                 "reason": str(changed)})
+                    if attempt == REPLANS:
+                        raise FailedPrecondition(
+                            f"{changed}; it changed {REPLANS} times while the revision waited "
+                            "for its tables' holds: nothing was revised, run it again") from None
+            assert txn is not None
             return self._finish_revision(txn)
 
     # ---------------------------------------------------------------- the plan
@@ -175,10 +192,9 @@ class Revising(CoreState):
                 "time; GetTopology shows each table's completed barrier)")
         view = self.completion()
         lineage = view.lineage
-        root = lineage.writers.get(table)
-        if root is None or root == REVISE_PIPELINE:
-            raise FailedPrecondition(f"table {table} has no writing pipeline: nothing to revise")
-        derived = not lineage.is_root(root)
+        affected = _Affected.of(lineage, table)
+        root, derived, tables, pipelines = (affected.root, affected.derived,
+                                            list(affected.tables), list(affected.pipelines))
         if derived and barrier <= 0:
             raise FailedPrecondition("a derived table is revised to a global barrier above 0")
         floor = self.store.retention_floor_ts()
@@ -186,21 +202,9 @@ class Revising(CoreState):
             raise FailedPrecondition(
                 f"barrier {barrier} is older than the retention floor (timestamp {floor}): "
                 "that history was pruned (serve --retention-hours)")
-        root_tables = (table, *(t for t in lineage.writes_of(root) if t != table))
-        tables, pipelines = list(root_tables), []
-        frontier = list(root_tables)
-        while frontier:
-            source = frontier.pop(0)
-            for reader in lineage.readers_of(source):
-                if reader in pipelines or reader == root:
-                    continue
-                pipelines.append(reader)
-                for written in lineage.writes_of(reader):
-                    if written not in tables:
-                        tables.append(written)
-                        frontier.append(written)
         if derived:  # its pipelines re-read every input they keep from B
             self._check_kept_inputs_not_revised(lineage, [root, *pipelines], tables, barrier)
+            self._check_no_root_era_after(view, tables, barrier)
         else:
             _check_inputs_all_restored(lineage, pipelines, tables)
         restored: dict[str, int | None] = {}
@@ -220,8 +224,22 @@ class Revising(CoreState):
                 raise FailedPrecondition(f"table {name} has a commit not applied yet (no Delta "
                                          "log so far); retry once it is applied")
             restored[name] = None if commit is None else commit.delta_version
-        return _Plan(table, barrier, reason, root, tuple(tables), root_tables,
-                     (root, *sorted(pipelines)), restored, derived)
+        return _Plan(table, barrier, reason, root, tuple(tables), affected.root_tables,
+                     (root, *sorted(pipelines)), restored, derived, affected.facts)
+
+    def _check_no_root_era_after(self, view: Completion, tables: list[str],
+                                 barrier: int) -> None:
+        """Refuses a derived revision below a commit its table got before its writer read
+        percolake tables (no input barrier): re-reading the inputs cannot make it again."""
+        for name in tables:
+            first = self.store.first_table_commit_after(name, barrier, True, view.now_ts)
+            if first is not None and not first.input_barrier:
+                raise FailedPrecondition(
+                    f"table {name} holds a commit (transaction {first.txn_id}, timestamp "
+                    f"{first.commit_ts}) its pipeline made before it read percolake tables, "
+                    f"after barrier {barrier}: a derived revision makes a table again from its "
+                    "inputs, which cannot make that commit again; revise to a barrier at or "
+                    "after its pipeline started reading (docs/topology.md, lineage transitions)")
 
     def _check_kept_inputs_not_revised(self, lineage: Lineage, pipelines: list[str],
                                        tables: list[str], barrier: int) -> None:
@@ -324,6 +342,9 @@ class Revising(CoreState):
         if plan.to_barrier < floor:
             raise FailedPrecondition(f"barrier {plan.to_barrier} fell below the retention "
                                      f"floor (timestamp {floor}) while the revision prepared")
+        now = _Affected.of(self._lineage, plan.table)
+        if now.facts != plan.facts:  # decided at the commit point, under the holds
+            raise LineageChanged(now.describe_change(plan.facts))
         for table in plan.tables:
             if table not in txn.tables and self.store.table_commit_at(table, _NEWEST):
                 # no Delta log when planned, a commit since: it is not held, so retry
@@ -405,7 +426,7 @@ class Revising(CoreState):
             try:
                 pipeline, _, _ = self.reset_pipeline(
                     pipeline_id, reason, current.generation, start_barrier=start_barrier,
-                    keep_plan=False)
+                    keep_plan=False, revision=True)
             except FailedPrecondition:  # reset meanwhile (by a concurrent finisher): re-read
                 continue
             return RevisedPipeline(pipeline_id, pipeline.generation, start_barrier)
@@ -501,6 +522,67 @@ class Revising(CoreState):
                 return
             yield revision
             upto_ts = revision.commit_ts - 1
+
+
+REPLANS = 3  # a lineage changing while a revision waits for holds: plan again, this often
+
+
+class LineageChanged(FailedPrecondition):
+    """The lineage a revision planned with changed before its commit point (nothing of it
+    was committed): ``revise`` plans it again."""
+
+
+@dataclass(frozen=True)
+class _Affected:
+    """What a revision of ``table`` affects in a lineage (module doc), with every lineage
+    fact it rests on: the writer of each affected table and what each affected pipeline
+    reads (and since when)."""
+
+    root: str
+    derived: bool
+    root_tables: tuple[str, ...]
+    tables: tuple[str, ...]
+    pipelines: tuple[str, ...]  # the downstream ones, in discovery order
+    facts: tuple
+
+    @classmethod
+    def of(cls, lineage: Lineage, table: str) -> _Affected:
+        root = lineage.writers.get(table)
+        if root is None or root == REVISE_PIPELINE:
+            raise FailedPrecondition(f"table {table} has no writing pipeline: nothing to revise")
+        root_tables = (table, *(t for t in lineage.writes_of(root) if t != table))
+        tables, pipelines = list(root_tables), []
+        frontier = list(root_tables)
+        while frontier:
+            source = frontier.pop(0)
+            for reader in lineage.readers_of(source):
+                if reader in pipelines or reader == root:
+                    continue
+                pipelines.append(reader)
+                for written in lineage.writes_of(reader):
+                    if written not in tables:
+                        tables.append(written)
+                        frontier.append(written)
+        facts = (
+            tuple(sorted((t, lineage.writers.get(t, "")) for t in tables)),
+            tuple(sorted((p, t, lineage.read_since(p, t))
+                         for p in (root, *pipelines) for t in lineage.reads_of(p))),
+            tuple(sorted(pipelines)))
+        return cls(root, not lineage.is_root(root), root_tables, tuple(tables),
+                   tuple(pipelines), facts)
+
+    def describe_change(self, planned: tuple) -> str:
+        """What differs from the ``planned`` facts, for the refusal."""
+        writers, reads, pipelines = (set(f) for f in planned)
+        new_tables = sorted(t for t, _ in set(self.facts[0]) - writers)
+        new_reads = sorted(f"{p} reads {t}" for p, t, _ in set(self.facts[1]) - reads)
+        new_pipelines = sorted(set(self.facts[2]) - pipelines)
+        parts = ([f"affected tables now include {', '.join(new_tables)}"] if new_tables else [])
+        parts += [f"{', '.join(new_reads)}"] if new_reads else []
+        parts += ([f"pipelines now affected: {', '.join(new_pipelines)}"] if new_pipelines
+                  else [])
+        return "the lineage of the revised tables changed (" + (
+            "; ".join(parts) or "an edge went away") + ")"
 
 
 def _check_inputs_all_restored(lineage: Lineage, pipelines: list[str],

@@ -109,7 +109,8 @@ class CoreState:
         self._table_apply_locks: dict[str, threading.Lock] = {}
         self._pipelines = {p.pipeline_id: p for p in store.load_pipelines()}
         self._lineage = Lineage.of(((w.table, w.pipeline_id) for w in store.load_table_writers()),
-                                   ((e.pipeline_id, e.table) for e in store.load_read_edges()))
+                                   ((e.pipeline_id, e.table, e.since_ts)
+                                    for e in store.load_read_edges()))
         self._unfinished: dict[str, TxnRecord] = {}
         self._deadlines: dict[str, float] = {}
         self._timeouts: dict[str, float] = {}

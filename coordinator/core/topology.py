@@ -20,6 +20,7 @@ from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import ReadEdge, Store, TableCommit, TableWriter
 from percolake.barriers import (
+    barrier_at_or_below,
     downstream_completed_barrier,
     first_barrier_at_or_above,
     next_barrier,
@@ -143,19 +144,43 @@ class Completion:
                                             self.interval_ms)
         else:
             last = self.last_input(writer)
-            sources = self.lineage.reads_of(writer)
             result = downstream_completed_barrier(
-                last, [self.completed(s) for s in sources], self.first_change_after(sources, last),
+                last, [self.source_completed(writer, s) for s in self.lineage.reads_of(writer)],
+                self.first_change_for(writer, last)[0],
                 self.store.first_unapplied_input_barrier(table, self.now_ts), self.interval_ms)
         self._completed[table] = result
         return result
 
-    def first_change_after(self, tables: Iterable[str], after: int) -> int | None:
-        """The oldest change barrier above ``after`` in any of ``tables``."""
-        found = [self.store.first_table_commit_after(t, after, self.is_downstream(t),
-                                                     self.now_ts) for t in tables]
-        barriers = [c.barrier(self.is_downstream(c.table)) for c in found if c is not None]
-        return min(barriers, default=None)
+    def source_completed(self, pipeline_id: str, source: str) -> int | None:
+        """What the source's completion settles for the pipeline's tables: its completed
+        barrier, and every barrier below the read's transition (``first_change_for`` counts
+        the source's changes before it at it), so a read gained later never takes back a
+        barrier the pipeline's tables completed (docs/topology.md, lineage transitions)."""
+        completed = self.completed(source)
+        since = self.lineage.read_since(pipeline_id, source)
+        if not since:
+            return completed
+        settled = barrier_at_or_below(since - 1, self.interval_ms)
+        return settled if completed is None else max(completed, settled)
+
+    def first_change_for(self, pipeline_id: str, after: int) -> tuple[int | None, bool]:
+        """The oldest change barrier above ``after`` in any table the pipeline reads, and
+        whether one of them has a change above ``after`` from before the pipeline gained
+        the read (``Lineage.read_since``): such changes count at the transition's
+        timestamp, so the batch reading them ends above every barrier its tables completed
+        before it."""
+        barriers, before_transition = [], False
+        for table in self.lineage.reads_of(pipeline_id):
+            found = self.store.first_table_commit_after(table, after, self.is_downstream(table),
+                                                        self.now_ts)
+            if found is None:
+                continue
+            change = found.barrier(self.is_downstream(table))
+            since = self.lineage.read_since(pipeline_id, table)
+            if change <= since:
+                change, before_transition = since, True
+            barriers.append(change)
+        return min(barriers, default=None), before_transition
 
     def version_at(self, table: str, barrier: int) -> TableCommit | None:
         """The table's newest commit at global barrier ``barrier``: by commit_ts for a root
@@ -264,10 +289,14 @@ class Topology(CoreState):
                     f"pipeline {pipeline_id!r} reading {cycle[-2]} would close the cycle "
                     f"{describe_cycle(cycle)}; the topology has no cycles (docs/topology.md)")
             now = wall_ms()
+            # A lineage transition (docs/topology.md): a pipeline that already writes tables
+            # counts a new read from now on, so no barrier its tables completed is rewritten.
+            since = self.oracle.next() if self._lineage.writes_of(pipeline_id) else 0
             with self.store.batch():
-                added = sum(self.store.insert_read_edge(ReadEdge(pipeline_id, t, now))
+                added = sum(self.store.insert_read_edge(ReadEdge(pipeline_id, t, now, since))
                             for t in new)
-            self._lineage.reads.setdefault(pipeline_id, set()).update(new)
+            for table in new:
+                self._lineage.add_read(pipeline_id, table, since)
         self.wait_durable()
         fail_point("after-read-edges-durable")
         log.info("reads registered", extra={"pipeline_id": pipeline_id, "tables": len(new)})
@@ -370,10 +399,14 @@ class Topology(CoreState):
             known = self._known_plan(pipeline_id, record, current, after_barrier,
                                      planning_round)
         if known is not None:
-            return self._repeated(view, sources, current, start, after_barrier, known)
-        change = view.first_change_after(sources, after_barrier)
+            return self._repeated(view, pipeline_id, current, start, after_barrier, known)
+        change, before_transition = view.first_change_for(pipeline_id, after_barrier)
         barrier, has_changes = next_barrier(
             after_barrier, [view.completed(s) for s in sources], change, view.interval_ms)
+        if before_transition and not has_changes:
+            # no empty step over a read's changes from before its transition: it would read
+            # them at a barrier its tables may have completed already
+            barrier = after_barrier
         with self._lock:
             record = self._pipelines.get(pipeline_id)
             if ((record.generation if record else 0) != current
@@ -385,7 +418,7 @@ class Topology(CoreState):
                 pipeline_id, record, current, after_barrier, input_start, planning_round,
                 barrier, has_changes)
         if known is not None:  # another source of the round (or a retry) was first
-            return self._repeated(view, sources, current, start, after_barrier, known)
+            return self._repeated(view, pipeline_id, current, start, after_barrier, known)
         if persisted and barrier > after_barrier:
             self.wait_durable()
             fail_point("after-plan-barrier-durable")
@@ -394,12 +427,12 @@ class Topology(CoreState):
         return BarrierPlan(current, start, after_barrier, barrier, has_changes)
 
     @staticmethod
-    def _repeated(view: Completion, sources: list[str], generation: int, start: int,
+    def _repeated(view: Completion, pipeline_id: str, generation: int, start: int,
                   after: int, known: tuple[int, bool | None]) -> BarrierPlan:
         """An answer given before, with whether its range holds a change (read if not kept)."""
         barrier, has_changes = known
         if has_changes is None:
-            change = view.first_change_after(sources, after)
+            change = view.first_change_for(pipeline_id, after)[0]
             has_changes = change is not None and change <= barrier
         return BarrierPlan(generation, start, after, barrier, has_changes)
 
@@ -506,8 +539,9 @@ class Topology(CoreState):
         by_input = view.is_downstream(canonical)
         commits = self.store.table_commits_in_range(canonical, after, upto, by_input,
                                                     view.now_ts)
-        if not by_input and commits:
-            self._check_no_root_restore_inside(canonical, after, upto, commits)
+        keyed_by_commit_ts = [c for c in commits if not (by_input and c.input_barrier)]
+        if keyed_by_commit_ts:  # a root table's, or a downstream one's from its root era
+            self._check_no_root_restore_inside(canonical, after, upto, keyed_by_commit_ts)
         changes = []
         for commit in commits:
             assert commit.delta_version is not None, f"unapplied below completed: {commit}"

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from coordinator import validation
 from coordinator.core.quotas import exceeded
+from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition, InvalidArgument, TransactionAborted
@@ -130,6 +131,7 @@ class Writing(CoreState):
                     f"{', '.join(sorted(set(missing) | set(unwritten)))}; prewrite or abort it"
                 )
             self._check_batch_order(txn)
+            self._check_planned_if_downstream(txn)
             self._check_input_barrier(txn)
             fail_point("before-commit-durable")
             # Taken under the lock with its durable write, so a snapshot never sees a ts above
@@ -245,6 +247,32 @@ class Writing(CoreState):
                 "batches of a generation commit in increasing order (a checkpoint restored "
                 "from a backup? start a new generation with reset-pipeline)")
 
+    def _check_planned_if_downstream(self, txn: TxnRecord) -> None:
+        """Refuses, before the commit point, a commit without an input barrier by a pipeline
+        that reads percolake tables, or to a table whose writer does: keyed by input barriers,
+        its rows would be at no barrier its readers stream or topology reads show (T1, T2).
+        The coordinator's revisions carry their own."""
+        if txn.input_barrier or txn.pipeline_id == REVISE_PIPELINE:
+            return
+        reads = self._lineage.reads_of(txn.pipeline_id)
+        derived = [t for t in sorted(txn.tables) if (w := self._lineage.writers.get(t))
+                   is not None and self._lineage.reads.get(w)]
+        if not reads and not derived:
+            return
+        written = ", ".join(sorted(txn.tables)) or "no table"
+        why = (f"pipeline {txn.pipeline_id!r} reads percolake tables ({', '.join(reads)})"
+               if reads else f"table {derived[0]} is written by pipeline "
+               f"{self._lineage.writers[derived[0]]!r}, which reads percolake tables")
+        raise FailedPrecondition(
+            f"transaction {txn.txn_id} (pipeline {txn.pipeline_id!r}, batch {txn.batch_id}, "
+            f"writing {written}) carries no input barrier, but {why}: its rows would be at no "
+            "barrier, never streamed to the readers of its tables nor shown by topology "
+            "reads (docs/topology.md). Abort it. Every batch of a downstream pipeline must be "
+            "planned by its percolake sources (PlanBarrier before OpenTransaction): read "
+            "percolake tables through the percolake source, and do not mix it with another "
+            "source (rate, Kafka, files) in one query; split such a query into a root "
+            "pipeline and a downstream one")
+
     def _check_input_barrier(self, txn: TxnRecord) -> None:
         """T1 (docs/topology.md): a batch's input barrier lies strictly above the last one its
         generation committed (or, before the first, the generation's start barrier). A lower
@@ -284,7 +312,8 @@ class Writing(CoreState):
             checked.append(TableWriteRecord(
                 table=table, mode=write.mode, add_files=write.add_files,
                 schema_json=write.schema_json, partition_by=write.partition_by,
-                replace_partitions=write.replace_partitions,
+                replace_partitions=write.replace_partitions, merge_schema=write.merge_schema,
+                catalog_name=write.catalog_name,
             ))
         return checked
 

@@ -23,7 +23,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coordinator.auth.records import AclRecord, TokenRecord
+from coordinator.auth_records import AclRecord, TokenRecord
 from percolake.records import PipelineRecord, TxnRecord
 from percolake.states import TxnState
 
@@ -73,8 +73,12 @@ class TableCommit:
 
     def barrier(self, by_input_barrier: bool) -> int:
         """The barrier this commit changes its table at: its input barrier for a downstream
-        table, its commit_ts for a root table."""
-        return self.input_barrier if by_input_barrier else self.commit_ts
+        table, its commit_ts for a root table and for a downstream table's commit without an
+        input barrier (made before its writer read any percolake table: docs/topology.md,
+        "Lineage transitions")."""
+        if by_input_barrier and self.input_barrier > 0:
+            return self.input_barrier
+        return self.commit_ts
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ class ReadEdge:
     pipeline_id: str
     table: str
     registered_ms: int
+    # The oracle timestamp the edge counts from: the table's changes at or below it neither
+    # end the pipeline's batches nor hold its tables' completion (0: from the start; set when
+    # a pipeline that already writes tables gains the read, docs/topology.md).
+    since_ts: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,7 +269,8 @@ class Store(abc.ABC):
 
     # input barriers (docs/topology.md). ``by_input_barrier`` keys a commit by its input
     # barrier (a downstream table's changes) instead of its commit_ts (a root table's); keyed
-    # so, a commit with input barrier 0 is never found. Only live commits are found
+    # so, a commit with input barrier 0 (made before its writer read any percolake table) is
+    # keyed by its commit_ts (``TableCommit.barrier``). Only live commits are found
     # (``TableCommit.live_at(as_of_ts)``): ``as_of_ts`` reads the index as it stood then, so an
     # answer made of several reads sees one state even if a revision commits meanwhile.
     # A "change" is a live commit that is not a revision's restore.
@@ -296,8 +305,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def first_unapplied_input_barrier(self, table: str,
                                       as_of_ts: int | None = None) -> int | None:
-        """The lowest input barrier (> 0) of the table's live unapplied commits, None if
-        none."""
+        """The lowest key (``TableCommit.barrier(True)``) of the table's live unapplied
+        commits, None if none."""
 
     @abc.abstractmethod
     def newest_restore(self, table: str, as_of_ts: int | None = None) -> int:

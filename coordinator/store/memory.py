@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from coordinator.auth.records import AclRecord, TokenRecord
+from coordinator.auth_records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
@@ -221,10 +221,8 @@ class MemoryStore(Store):
             return [c for c in self._commits_of(table, max_commit_ts) if c.delta_version is None]
 
     def _keyed(self, table: str, by_input_barrier: bool) -> list[tuple[int, TableCommit]]:
-        """(key, commit) of the table's commits in commit_ts order; keyed by input barrier,
-        those without one are left out."""
-        return [(c.barrier(by_input_barrier), c) for c in self._commits_of(table, 2**63)
-                if not by_input_barrier or c.input_barrier > 0]
+        """(key, commit) of the table's commits in commit_ts order."""
+        return [(c.barrier(by_input_barrier), c) for c in self._commits_of(table, 2**63)]
 
     def _live(self, table: str, by_input_barrier: bool, as_of_ts: int | None,
               changes: bool) -> list[tuple[int, TableCommit]]:
@@ -266,9 +264,9 @@ class MemoryStore(Store):
     def first_unapplied_input_barrier(self, table: str,
                                       as_of_ts: int | None = None) -> int | None:
         with self._lock:
-            return min((c.input_barrier for c in self._table_commits.values()
+            return min((c.barrier(True) for c in self._table_commits.values()
                         if c.table == table and c.delta_version is None
-                        and c.input_barrier > 0 and c.live_at(as_of_ts)), default=None)
+                        and c.live_at(as_of_ts)), default=None)
 
     def newest_restore(self, table: str, as_of_ts: int | None = None) -> int:
         with self._lock:

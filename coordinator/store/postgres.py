@@ -38,7 +38,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from coordinator.auth.records import AclRecord, TokenRecord
+from coordinator.auth_records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
@@ -55,6 +55,7 @@ from coordinator.store.schema import (
     SELECT_TXN,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
+    key_column,
     live_clauses,
     migrate_postgres,
 )
@@ -493,11 +494,9 @@ class PostgresStore(Store):
     def _commits_where(self, table: str, condition: str, params: tuple,
                        by_input_barrier: bool, tail: str, as_of_ts: int | None,
                        changes: bool) -> list[TableCommit]:
-        """Live commits to ``table`` meeting ``condition`` on the key column ``k`` (see
-        ``Store``): keyed by input barrier, rows without one are left out."""
-        key = "input_barrier" if by_input_barrier else "commit_ts"
-        clauses = [condition.format(k=key),
-                   *live_clauses(by_input_barrier, as_of_ts, changes, "%s")]
+        """Live commits to ``table`` meeting ``condition`` on the key ``k`` (see ``Store``)."""
+        clauses = [condition.format(k=key_column(by_input_barrier)),
+                   *live_clauses(as_of_ts, changes, "%s")]
         if as_of_ts is not None:
             params = (*params, as_of_ts, as_of_ts)
         rows = self._read(
@@ -540,9 +539,9 @@ class PostgresStore(Store):
 
     def first_unapplied_input_barrier(self, table: str,
                                       as_of_ts: int | None = None) -> int | None:
-        clauses = " AND ".join(live_clauses(True, as_of_ts, False, "%s"))
+        clauses = " AND ".join(live_clauses(as_of_ts, False, "%s"))
         rows = self._read(
-            "SELECT MIN(input_barrier) FROM table_commits WHERE table_uri = %s "
+            f"SELECT MIN({key_column(True)}) FROM table_commits WHERE table_uri = %s "
             f"AND delta_version IS NULL AND {clauses}",
             (table,) if as_of_ts is None else (table, as_of_ts, as_of_ts))
         return rows[0][0]
@@ -689,12 +688,12 @@ class PostgresStore(Store):
             raise StoreConflict(f"table {writer.table} has an owner")
 
     def load_read_edges(self) -> list[ReadEdge]:
-        rows = self._read("SELECT pipeline_id, table_uri, registered_ms FROM read_edges "
-                          "ORDER BY pipeline_id, table_uri")
+        rows = self._read("SELECT pipeline_id, table_uri, registered_ms, since_ts "
+                          "FROM read_edges ORDER BY pipeline_id, table_uri")
         return [ReadEdge(*r) for r in rows]
 
     def insert_read_edge(self, edge: ReadEdge) -> bool:
         return self._write(
-            "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms) "
-            "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-            (edge.pipeline_id, edge.table, edge.registered_ms)) == 1
+            "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms, since_ts) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (edge.pipeline_id, edge.table, edge.registered_ms, edge.since_ts)) == 1

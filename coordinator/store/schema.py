@@ -6,9 +6,9 @@ tables as SQLite's), version 2 adds the leader lease, version 3 the security rec
 ACL entries, the principal of each transaction), version 4 the lineage (each table's owning
 pipeline, the tables each pipeline reads), version 5 the input barriers (of transactions and
 snapshot-index rows), source offsets, the pipelines' input starts and remembered plans, and the
-snapshot leases, version 6 the snapshot-index rows a revision superseded and its restore rows;
-SQLite's goes
-from 1 to 3 to 4 to 5 to 6. Two processes
+snapshot leases, version 6 the snapshot-index rows a revision superseded and its restore rows,
+version 7 the timestamp from which each read edge counts (a lineage transition); SQLite's goes
+from 1 to 3 to 4 to 5 to 6 to 7. Two processes
 creating or migrating the same database at once take turns on an advisory lock.
 """
 
@@ -37,12 +37,19 @@ TABLE_COMMIT_COLUMNS = (
     "table_uri, commit_ts, txn_id, delta_version, input_barrier, superseded_ts, restore")
 SELECT_TXN = f"SELECT {', '.join(TXN_COLUMNS)} FROM transactions"
 
-def live_clauses(by_input_barrier: bool, as_of_ts: int | None, changes: bool,
-                 placeholder: str) -> list[str]:
+def key_column(by_input_barrier: bool) -> str:
+    """The SQL expression of ``TableCommit.barrier``: keyed by input barrier, a row without
+    one (committed before its writer read any percolake table) is keyed by its commit_ts."""
+    if by_input_barrier:
+        return "(CASE WHEN input_barrier > 0 THEN input_barrier ELSE commit_ts END)"
+    return "commit_ts"
+
+
+def live_clauses(as_of_ts: int | None, changes: bool, placeholder: str) -> list[str]:
     """The SQL conditions of ``TableCommit.live_at`` (two ``placeholder`` parameters, both
-    ``as_of_ts``, when it is given), keyed by input barrier those without one left out, and
-    for changes the restores left out (``Store``'s input-barrier queries)."""
-    clauses = ["input_barrier > 0"] if by_input_barrier else []
+    ``as_of_ts``, when it is given), and for changes the restores left out (``Store``'s
+    input-barrier queries)."""
+    clauses: list[str] = []
     if as_of_ts is None:
         clauses.append("superseded_ts = 0")
     else:
@@ -184,6 +191,11 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX table_commits_restores ON table_commits (table_uri, commit_ts) "
         "WHERE restore",
     )),
+    Migration(7, (
+        # A read edge counts from the oracle timestamp it was registered at when its pipeline
+        # already wrote tables (a lineage transition, docs/topology.md); 0: from the start.
+        "ALTER TABLE read_edges ADD COLUMN since_ts BIGINT NOT NULL DEFAULT 0",
+    )),
 )
 
 # SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
@@ -246,6 +258,9 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE table_commits ADD COLUMN restore INTEGER NOT NULL DEFAULT 0",
         "CREATE INDEX table_commits_restores ON table_commits (table_uri, commit_ts) "
         "WHERE restore",
+    )),
+    Migration(7, (
+        "ALTER TABLE read_edges ADD COLUMN since_ts INTEGER NOT NULL DEFAULT 0",
     )),
 )
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from coordinator.auth.records import AclRecord, TokenRecord
+from coordinator.auth_records import AclRecord, TokenRecord
 from coordinator.store.base import (
     UNFINISHED_STATES,
     IndexView,
@@ -39,6 +39,7 @@ from coordinator.store.schema import (
     SQLITE_MIGRATIONS,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
+    key_column,
     live_clauses,
     refuse_newer,
 )
@@ -403,16 +404,9 @@ class SqliteStore(Store):
         )
         return [TableCommit(*r) for r in rows]
 
-    @staticmethod
-    def _key(by_input_barrier: bool) -> str:
-        """The column a commit is keyed by (see ``Store``); keyed by input barrier, rows
-        without one are left out by the extra condition."""
-        return "input_barrier" if by_input_barrier else "commit_ts"
-
-    def _commits_where(self, table: str, condition: str, params: tuple,
-                       by_input_barrier: bool, tail: str, as_of_ts: int | None,
-                       changes: bool) -> list[TableCommit]:
-        clauses = [condition, *live_clauses(by_input_barrier, as_of_ts, changes, "?")]
+    def _commits_where(self, table: str, condition: str, params: tuple, tail: str,
+                       as_of_ts: int | None, changes: bool) -> list[TableCommit]:
+        clauses = [condition, *live_clauses(as_of_ts, changes, "?")]
         if as_of_ts is not None:
             params = (*params, as_of_ts, as_of_ts)
         rows = self._read(
@@ -423,26 +417,23 @@ class SqliteStore(Store):
     def table_commits_in_range(self, table: str, after: int, upto: int,
                                by_input_barrier: bool,
                                as_of_ts: int | None = None) -> list[TableCommit]:
-        key = self._key(by_input_barrier)
+        key = key_column(by_input_barrier)
         return self._commits_where(table, f"{key} > ? AND {key} <= ?", (after, upto),
-                                   by_input_barrier, "ORDER BY commit_ts", as_of_ts, True)
+                                   "ORDER BY commit_ts", as_of_ts, True)
 
     def table_commit_at_barrier(self, table: str, barrier: int, by_input_barrier: bool,
                                 as_of_ts: int | None = None) -> TableCommit | None:
-        # "+": not the input-barrier index (every row <= barrier, then sorted) but the primary
-        # key from the newest commit down, stopping at the first match (a barrier is nearly
-        # always recent; in a generation, input barriers rise with commit_ts)
-        condition = ("+input_barrier <= ? AND +input_barrier > 0" if by_input_barrier
-                     else "commit_ts <= ?")
-        found = self._commits_where(table, condition, (barrier,), False,
+        # keyed by input barrier: not an index of it (every row <= barrier, then sorted) but
+        # the primary key from the newest commit down, stopping at the first match (a barrier
+        # is nearly always recent; a table's keys rise with commit_ts)
+        found = self._commits_where(table, f"{key_column(by_input_barrier)} <= ?", (barrier,),
                                     "ORDER BY commit_ts DESC LIMIT 1", as_of_ts, False)
         return found[0] if found else None
 
     def first_table_commit_after(self, table: str, after: int, by_input_barrier: bool,
                                  as_of_ts: int | None = None) -> TableCommit | None:
-        found = self._commits_where(table, f"{self._key(by_input_barrier)} > ?", (after,),
-                                    by_input_barrier, "ORDER BY commit_ts LIMIT 1", as_of_ts,
-                                    True)
+        found = self._commits_where(table, f"{key_column(by_input_barrier)} > ?", (after,),
+                                    "ORDER BY commit_ts LIMIT 1", as_of_ts, True)
         return found[0] if found else None
 
     def last_input_barrier(self, pipeline_id: str, generation: int) -> int:
@@ -462,9 +453,9 @@ class SqliteStore(Store):
 
     def first_unapplied_input_barrier(self, table: str,
                                       as_of_ts: int | None = None) -> int | None:
-        clauses = " AND ".join(live_clauses(True, as_of_ts, False, "?"))
+        clauses = " AND ".join(live_clauses(as_of_ts, False, "?"))
         rows = self._read(
-            "SELECT MIN(input_barrier) FROM table_commits WHERE table_uri = ? "
+            f"SELECT MIN({key_column(True)}) FROM table_commits WHERE table_uri = ? "
             f"AND delta_version IS NULL AND {clauses}",
             (table,) if as_of_ts is None else (table, as_of_ts, as_of_ts))
         return rows[0][0]
@@ -616,11 +607,12 @@ class SqliteStore(Store):
             raise StoreConflict(f"table {writer.table} has an owner") from exc
 
     def load_read_edges(self) -> list[ReadEdge]:
-        rows = self._read("SELECT pipeline_id, table_uri, registered_ms FROM read_edges "
-                          "ORDER BY pipeline_id, table_uri")
+        rows = self._read("SELECT pipeline_id, table_uri, registered_ms, since_ts "
+                          "FROM read_edges ORDER BY pipeline_id, table_uri")
         return [ReadEdge(*r) for r in rows]
 
     def insert_read_edge(self, edge: ReadEdge) -> bool:
         return self._write(
-            "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms) VALUES (?, ?, ?) "
-            "ON CONFLICT DO NOTHING", (edge.pipeline_id, edge.table, edge.registered_ms)) == 1
+            "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms, since_ts) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (edge.pipeline_id, edge.table, edge.registered_ms, edge.since_ts)) == 1

@@ -31,6 +31,22 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from percolake.errors import FailedPrecondition, Unavailable
 from percolake.lake import storage
+from percolake.lake.log_entry import (
+    add_action,
+    commit_info,
+    metadata_action,
+    now_ms,
+    put_entry,
+    remove_action,
+)
+from percolake.lake.schema_evolution import merged_schema
+from percolake.lake.table_features import (
+    TableProtocol,
+    partition_filters,
+    physical_names,
+    refusal,
+    table_protocol,
+)
 from percolake.lake.warehouse import check_table_location, delta_uri, is_object_store, local_path
 from percolake.records import AddFileRecord, PartitionValues, TableWriteRecord, WriteMode
 
@@ -44,6 +60,16 @@ MAX_ATTEMPTS = 20
 class ApplyFailed(Unavailable, RuntimeError):
     """The write could not be applied after repeated concurrent-commit retries (someone else
     kept committing the table's next version): retry later (UNAVAILABLE in an RPC)."""
+
+
+class ApplyRefused(FailedPrecondition, RuntimeError):
+    """The table's protocol forbids this committed write: a broken invariant (I10), since the
+    coordinator checks the protocol before the commit point; the table's features changed
+    after it (an outside writer upgraded it). Never retried as a concurrent commit: the write
+    stays committed and unapplied until the feature is dropped (FAILED_PRECONDITION)."""
+
+
+UNSUPPORTED_FEATURES = "unsupported table features"  # delta-rs's protocol refusal
 
 
 def open_table(table_uri: str, version: int | None = None) -> DeltaTable | None:
@@ -85,7 +111,7 @@ def files_of_version(table_uri: str, version: int) -> VersionFiles:
 
     Raises:
         FailedPrecondition: the table or that version cannot be read (no table, version
-            removed by log cleanup).
+            removed by log cleanup), or it has deletion vectors (not restorable this way).
     """
     try:
         table = open_table(table_uri, version)
@@ -94,6 +120,11 @@ def files_of_version(table_uri: str, version: int) -> VersionFiles:
                                  f"({exc})") from None
     if table is None:
         raise FailedPrecondition(f"table {table_uri} has no Delta log")
+    if _layout_of(table).protocol.has("deletionVectors"):
+        raise FailedPrecondition(
+            f"table {table_uri} has deletion vectors: a revision re-adds a version's files "
+            "without them (delta-rs cannot write an add's deletion vector), so deleted rows "
+            "would come back; restore it with delta-spark (RESTORE TABLE) instead")
     files = tuple(
         AddFileRecord(unquote(add["path"]), add["size_bytes"],
                       _normalise(add.get("partition") or {}), add["modification_time"] or 0,
@@ -145,6 +176,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
 
     Raises:
         ApplyFailed: concurrent commits kept winning for MAX_ATTEMPTS tries.
+        ApplyRefused: the table's protocol forbids the write (a broken invariant; logged as
+            an error, never retried here).
         UnsafeLocation: the table's log lies outside the roots or behind a symlink.
         StorageRefused, StorageUnavailable, StorageSettingsError: an object-store table could
             not be read or written now; retrying later is safe (the re-check finds a commit
@@ -160,28 +193,46 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
     )
-    adds = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True,
-                      f.stats or "{}") for f in write.add_files]
     schema = Schema.from_json(write.schema_json)
     for attempt in range(MAX_ATTEMPTS):
         table = open_table(write.table)
         try:
             if table is None:
                 create_table_with_add_actions(
-                    delta_uri(write.table), schema, adds, mode="error",
+                    delta_uri(write.table), schema, _adds(write, {}), mode="error",
                     partition_by=list(write.partition_by) or None,
                     commit_properties=properties, storage_options=options or None)
                 return 0
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
                 return _version_of(table, txn_id, app_id, app_version, write.table)
-            actions = _write_actions(table, write, adds)
+            layout = _layout_of(table)
+            refused = refusal(write.table, layout.protocol, write)
+            if refused:
+                raise _apply_refused(write.table, txn_id, refused)
+            mode, actions, filters = _write_actions(table, write, layout)
+            evolved = evolved_schema(table, write)
+            if evolved is not None:  # data and new schema in one commit: a log entry of ours
+                if mode != "append":  # the write check refuses this before the commit point
+                    raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
+                                         "table with deletion vectors")
+                if put_entry(write.table, table.version() + 1, _entry_actions(
+                        write, actions, table, evolved, properties)):
+                    table.update_incremental()
+                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                log.info("concurrent Delta commit; re-checking", extra={
+                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
             table.create_write_transaction(
-                actions, "append", schema, partition_by=list(write.partition_by) or None,
+                actions, mode, schema if mode == "append" else table.schema(),
+                partition_by=list(write.partition_by) or None, partition_filters=filters,
                 commit_properties=properties)
             table.update_incremental()
             return _version_of(table, txn_id, app_id, app_version, write.table)
         except (DeltaError, TableNotFoundError) as exc:
+            if UNSUPPORTED_FEATURES in str(exc).lower():
+                raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
             if not _lost_a_race(exc):
                 raise
             log.info("concurrent Delta commit; re-checking", extra={
@@ -195,6 +246,47 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
 
 
+def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
+    message = (f"BROKEN INVARIANT I10: committed transaction {txn_id} cannot be applied to "
+               f"{table}: {reason}. The coordinator checked the table's protocol before the "
+               "commit point, so its features changed since (an outside writer?). The write "
+               "stays committed; drop the feature with delta-spark and the coordinator rolls "
+               "it forward")
+    log.error(message, extra={"table": table, "txn_id": txn_id})
+    return ApplyRefused(message)
+
+
+def evolved_schema(table: DeltaTable, write: TableWriteRecord) -> str | None:
+    """The schema a ``merge_schema`` write gives the table, None if it keeps the table's (no
+    new column, or an earlier apply or another writer added them already)."""
+    if not write.merge_schema:
+        return None
+    current = table.schema().to_json()
+    merged = merged_schema(current, write.schema_json)
+    return None if json.loads(merged) == json.loads(current) else merged
+
+
+def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveAction],
+                   table: DeltaTable, schema_json: str,
+                   properties: CommitProperties) -> list[dict]:
+    """The log entry of a write that changes the schema: what delta-rs would commit for
+    ``actions``, plus the ``metaData`` action."""
+    now = now_ms()
+    app = properties.app_transactions[0]
+    entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
+                         list(write.partition_by), properties.custom_metadata or {}, now),
+             {"txn": {"appId": app.app_id, "version": app.version, "lastUpdated": now}},
+             metadata_action(table.metadata(), schema_json)]
+    by_path = {f.path: f for f in write.add_files}
+    for action in actions:
+        if isinstance(action, RemoveAction):
+            entry.append(remove_action(action.path, action.size or 0,
+                                       action.partition_values or {}, now))
+        else:
+            entry.append(add_action(by_path[action.path]))
+    return entry
+
+
 def _lost_a_race(exc: Exception) -> bool:
     """A concurrent writer won: our commit or our table creation found the version taken."""
     if isinstance(exc, (CommitFailedError, TableNotFoundError)):
@@ -202,29 +294,51 @@ def _lost_a_race(exc: Exception) -> bool:
     return "already exists" in str(exc).lower()
 
 
+def _adds(write: TableWriteRecord, physical: dict[str, str]) -> list[AddAction]:
+    """The write's add actions; a column-mapped table's partition values keyed by the
+    columns' ``physical`` names, as its log keys them (the intent keys them by column)."""
+    return [AddAction(f.path, f.size, {physical.get(k, k): v
+                                       for k, v in f.partition_values.items()},
+                      f.modification_time, True, f.stats or "{}") for f in write.add_files]
+
+
 def _write_actions(table: DeltaTable, write: TableWriteRecord,
-                   adds: list[AddAction]) -> list[AddAction | RemoveAction]:
-    """The actions of ``write``'s commit: its adds and, for an overwrite, the removes of what
-    it replaces. A file the write lists that the table already holds is neither removed nor
-    added again: it stays as it is, stats included (a revision overwrites a table with the
-    files of an earlier version, most of which it still holds; one version may not both
-    remove and add a path)."""
+                   layout: TableLayout) -> tuple[str, list[AddAction | RemoveAction],
+                                                 list[tuple[str, str, list[str]]] | None]:
+    """The commit of ``write``: delta-rs's mode, the actions, the partition filters.
+
+    Its adds and, for an overwrite, the removes of what it replaces. A file the write lists
+    that the table already holds is neither removed nor added again: it stays as it is, stats
+    included (a revision overwrites a table with the files of an earlier version, most of which
+    it still holds; one version may not both remove and add a path). On a table with deletion
+    vectors the removes must carry each file's deletion vector, which only delta-rs's own
+    overwrite writes: it derives them (all files, or those its partition filters name).
+    """
+    physical = physical_names(layout.schema_json) \
+        if layout.protocol.column_mapping != "none" else {}
+    adds = _adds(write, physical)
     if write.mode == WriteMode.APPEND:
-        return list(adds)
+        return "append", adds, None
     listed = {f.path for f in write.add_files}
-    removes, held = _removes(table, write, keep=listed)
-    return [a for a, f in zip(adds, write.add_files, strict=True) if f.path not in held] + removes
+    removes, held = _removes(table, write, keep=listed, physical=physical)
+    if layout.protocol.has("deletionVectors") and not listed & held:
+        filters = partition_filters(write) if write.mode == WriteMode.OVERWRITE_PARTITIONS \
+            else None
+        return "overwrite", adds, filters
+    kept = [a for a, f in zip(adds, write.add_files, strict=True) if f.path not in held]
+    return "append", kept + removes, None
 
 
-def _removes(table: DeltaTable, write: TableWriteRecord,
-             keep: set[str]) -> tuple[list[RemoveAction], set[str]]:
+def _removes(table: DeltaTable, write: TableWriteRecord, keep: set[str],
+             physical: dict[str, str]) -> tuple[list[RemoveAction], set[str]]:
     """Remove actions for the files an overwrite replaces (explicit, so nothing else goes),
     except those in ``keep``; and the paths of every file the table holds.
 
     Partitions are compared as typed values (a timestamp written by Spark as
     ``2026-01-02 00:00:00`` is the one delta-rs hands back as a datetime), and each path is
     the file's real relative path: delta-rs reports add paths URI-encoded as the log stores
-    them and encodes the paths it is given.
+    them and encodes the paths it is given. delta-rs reports a column-mapped table's partition
+    values by column name; the remove keys them by physical name, as the log does.
     """
     types = _partition_types(table)
     replaced = {_partition_key(p, types) for p in write.replace_partitions}
@@ -238,8 +352,8 @@ def _removes(table: DeltaTable, write: TableWriteRecord,
         if path in keep:
             continue
         if write.mode == WriteMode.OVERWRITE or _partition_key(values, types) in replaced:
-            removes.append(RemoveAction(path, True, now, add["size_bytes"],
-                                        _normalise(values)))
+            logged = {physical.get(k, k): v for k, v in _normalise(values).items()}
+            removes.append(RemoveAction(path, True, now, add["size_bytes"], logged))
     return removes, held
 
 
@@ -392,6 +506,12 @@ class TableLayout(NamedTuple):
     schema_json: str
     partition_columns: list[str]
     append_only: bool = False  # delta.appendOnly: no remove may change data
+    protocol: TableProtocol = TableProtocol()  # the features it requires (table_features)
+    constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
+    column_mapping: str = "none"  # delta.columnMapping.mode
+
+
+CONSTRAINT_PREFIX = "delta.constraints."
 
 
 def table_layout(table_uri: str) -> TableLayout | None:
@@ -399,10 +519,23 @@ def table_layout(table_uri: str) -> TableLayout | None:
     table = open_table(table_uri)
     if table is None:
         return None
+    return _layout_of(table)
+
+
+def _layout_of(table: DeltaTable) -> TableLayout:
     metadata = table.metadata()
-    append_only = str(metadata.configuration.get("delta.appendOnly")).lower() == "true"
+    configuration = metadata.configuration
+    append_only = str(configuration.get("delta.appendOnly")).lower() == "true"
+    versions = table.protocol()
+    protocol = table_protocol(versions.min_reader_version, versions.min_writer_version,
+                              versions.reader_features, versions.writer_features,
+                              configuration)
+    constraints = tuple(sorted((key.removeprefix(CONSTRAINT_PREFIX), value)
+                               for key, value in configuration.items()
+                               if key.startswith(CONSTRAINT_PREFIX)))
     return TableLayout(table.version(), table.schema().to_json(),
-                       list(metadata.partition_columns), append_only)
+                       list(metadata.partition_columns), append_only, protocol, constraints,
+                       configuration.get("delta.columnMapping.mode") or "none")
 
 
 def commit_file(table_uri: str, version: int) -> Path:
@@ -429,7 +562,8 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
     if missing:
         problems.append(f"missing columns {missing}")
     if extra:
-        problems.append(f"unknown columns {extra}")
+        problems.append(f"unknown columns {extra} (txn.write(..., merge_schema=True) adds them "
+                        "to the table)")
     for name in sorted(set(existing) & set(new)):
         if _shape(existing[name]["type"]) != _shape(new[name]["type"]):
             problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "

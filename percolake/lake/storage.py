@@ -501,3 +501,40 @@ def delete_objects(prefix_uri: str, relative_paths: Iterable[str]) -> None:
             continue
         except OSError as exc:
             raise storage_error(exc, f"{prefix_uri}/{path}", "delete") from None
+
+
+# ---------------------------------------------------------------- conditional writes (boto3)
+
+
+def put_object_if_absent(uri: str, data: bytes) -> bool:
+    """Writes the object at ``uri`` only if none exists (``If-None-Match: *``, the conditional
+    put delta-rs commits with); False when one exists already (a concurrent writer won).
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError.
+    """
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    settings = s3_settings()
+    _, bucket, key = split_object_uri(uri)
+    client = boto3.client(
+        "s3", region_name=settings.region, endpoint_url=settings.endpoint_url,
+        aws_access_key_id=settings.access_key_id,
+        aws_secret_access_key=settings.secret_access_key,
+        aws_session_token=settings.session_token,
+        config=botocore.config.Config(
+            connect_timeout=_limits.connect_timeout_s, read_timeout=_limits.timeout_s,
+            retries={"max_attempts": _limits.max_retries, "mode": "standard"},
+            s3={"addressing_style": "path"} if settings.endpoint_url else None))
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except botocore.exceptions.ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status in (409, 412):  # exists, or a concurrent conditional write in flight
+            return False
+        raise storage_error(exc, uri, "write") from None
+    except (botocore.exceptions.BotoCoreError, OSError) as exc:
+        raise storage_error(exc, uri, "write") from None
+    return True

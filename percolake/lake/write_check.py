@@ -17,6 +17,11 @@ what ``apply_table_write`` (delta-rs 1.6) really does, measured:
   parse fails the apply for ever. The kernel itself decides: unseen values are committed once
   to a throwaway in-memory table, and the verdict is remembered.
 - Removes (overwrites) on a ``delta.appendOnly`` table fail.
+- delta-rs refuses to commit to a table whose protocol requires a feature it does not
+  implement, and some features it accepts need what percolake does not write
+  (``table_features``): the table's protocol, re-read with its layout, is checked each time.
+- A ``merge_schema`` write may add columns: the apply commits them with the data in a log entry
+  of its own (``percolake.lake.log_entry``); a column of another type cannot be merged.
 
 Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that does not fit
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
@@ -50,6 +55,8 @@ from percolake.lake.delta_commit import (
     describe_schema_mismatch,
     table_layout,
 )
+from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
+from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
     check_table_location,
@@ -70,8 +77,9 @@ class LayoutCache:
 
     A layout is kept with the version it is valid at and the identity of that version's commit
     file. A lookup reads the commit files after it (usually just the previous batch's own) and
-    moves the version on; only a ``metaData`` action, an unreadable commit file, or the cached
-    one replaced (table re-created) or gone (log cleanup) loads the log again. Safe to share
+    moves the version on; only a ``metaData`` or ``protocol`` action, an unreadable commit
+    file, or the cached one replaced (table re-created) or gone (log cleanup) loads the log
+    again. Safe to share
     between threads: a race at worst loads twice. On an object store a commit file's identity
     is its size and content hash (read with one GET; objects have no inode).
     """
@@ -125,7 +133,7 @@ def _advance_object(table: str, layout: TableLayout, file_id: _FileId
         entry = storage.read_object(commit_uri(table, version + 1))
         if entry is None:
             return layout._replace(version=version), file_id
-        if b'"metaData"' in entry:
+        if _changes_layout(entry):
             return None
         version, file_id = version + 1, _object_id(entry)
 
@@ -143,13 +151,18 @@ def _advance(table: str, layout: TableLayout, file_id: _FileId
         try:
             with open(f"{log}/{version + 1:020d}.json", "rb") as commit:
                 info = os.fstat(commit.fileno())
-                if b'"metaData"' in commit.read():
+                if _changes_layout(commit.read()):
                     return None
         except FileNotFoundError:
             return layout._replace(version=version), file_id
         except OSError:
             return None
         version, file_id = version + 1, (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def _changes_layout(entry: bytes) -> bool:
+    """Whether a log entry may change a layout: new metadata or a new protocol (features)."""
+    return b'"metaData"' in entry or b'"protocol"' in entry
 
 
 def _file_id(path: str | os.PathLike[str]) -> _FileId | None:
@@ -203,8 +216,9 @@ class WriteChecker:
         Raises:
             InvalidArgument: malformed: schema, partition columns, mode combination, add paths,
                 partition values that do not parse as their column's type.
-            FailedPrecondition: does not fit the table as it is now: columns, partition
-                columns, an overwrite of an append-only table, files missing or of another size.
+            FailedPrecondition: does not fit the table as it is now: a table feature percolake
+                cannot write (``table_features``), columns, partition columns, an overwrite of
+                an append-only table, files missing or of another size.
         """
         table = write.table
         schema, fields = self._schema(table, write.schema_json)
@@ -217,7 +231,18 @@ class WriteChecker:
                 f"table {table}: delta-rs cannot read the table's log, so nothing can be "
                 f"committed to it ({exc})") from None
         if layout is not None:
-            problem = self._mismatch(layout, schema, write.partition_by)
+            refused = refusal(table, layout.protocol, write)
+            if refused:
+                raise FailedPrecondition(refused)
+            if write.merge_schema and write.mode != WriteMode.APPEND \
+                    and layout.protocol.has("deletionVectors"):
+                raise FailedPrecondition(
+                    f"table {table}: merge_schema=True with mode {write.mode.value!r} on a "
+                    "table with deletion vectors is not supported (the new columns and the "
+                    "removes cannot be committed together); add the columns with an append "
+                    "(merge_schema=True) first, or with delta-spark's ALTER TABLE ADD COLUMNS")
+            problem = (merge_problem(layout, schema, write.partition_by) if write.merge_schema
+                       else self._mismatch(layout, schema, write.partition_by))
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
                                          f"version {layout.version}: {problem}")
@@ -276,6 +301,23 @@ class WriteChecker:
             if len(self._parsed) > MAX_REMEMBERED:
                 self._parsed.clear()
             self._parsed.update((delta_type, v) for v in unseen)
+
+
+def merge_problem(layout: TableLayout, schema: str,
+                   partition_by: tuple[str, ...]) -> str | None:
+    """Why a ``merge_schema`` write cannot be committed to the table, None if it can: its
+    columns' types must be the table's (new columns are added by the apply's own log entry)."""
+    problems = []
+    if list(partition_by) != list(layout.partition_columns):
+        problems.append(f"partitioned by {layout.partition_columns}, not {list(partition_by)}")
+    if layout.column_mapping != "none" and added_columns(layout.schema_json, schema):
+        problems.append(f"merge_schema cannot add columns to a table with column mapping "
+                        f"({layout.column_mapping}): add them with ALTER TABLE ... ADD COLUMNS")
+    try:
+        merged_schema(layout.schema_json, schema)
+    except SchemaConflict as conflict:
+        problems.append(str(conflict))
+    return "; ".join(problems) or None
 
 
 def _probe(field: dict[str, Any], values: list[str]) -> None:

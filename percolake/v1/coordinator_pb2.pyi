@@ -99,20 +99,24 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
     REPLACE_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    MERGE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_NAME_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
     schema_json: str
     partition_by: _containers.RepeatedScalarFieldContainer[str]
     replace_partitions: _containers.RepeatedCompositeFieldContainer[PartitionSpec]
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ...) -> None: ...
+    merge_schema: bool
+    catalog_name: str
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ...) -> None: ...
 
 class PartitionSpec(_message.Message):
     __slots__ = ("values", "null_columns")
@@ -130,7 +134,7 @@ class PartitionSpec(_message.Message):
     def __init__(self, values: _Optional[_Mapping[str, str]] = ..., null_columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TableParticipant(_message.Message):
-    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write")
+    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write", "catalog_name")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     WRITE_LOCATION_FIELD_NUMBER: _ClassVar[int]
     PREWRITTEN_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +144,7 @@ class TableParticipant(_message.Message):
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_NAME_FIELD_NUMBER: _ClassVar[int]
     table: str
     write_location: str
     prewritten: bool
@@ -149,7 +154,8 @@ class TableParticipant(_message.Message):
     applied: bool
     delta_version: int
     write: TableWrite
-    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ...) -> None: ...
+    catalog_name: str
+    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ..., catalog_name: _Optional[str] = ...) -> None: ...
 
 class Transaction(_message.Message):
     __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal", "waiting_for_table", "input_barrier", "source_offsets")

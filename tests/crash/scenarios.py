@@ -606,3 +606,79 @@ CRASH_POINTS: dict[str, Callable[..., Outcome]] = {
     "C10-light": zombie_light,
 }
 SPARK_FREE = ("C9", "C10-light")
+
+
+def set_writer_features(path: str, features: list[str]) -> None:
+    """A new log entry whose protocol requires ``features`` of writers (none: back to writer
+    version 2), as delta-spark enabling or dropping a table feature writes it."""
+    import json
+
+    log = Path(local_path(path)) / "_delta_log"
+    version = max(int(p.stem) for p in log.glob("*.json")) + 1
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": features} \
+        if features else {"minReaderVersion": 1, "minWriterVersion": 2}
+    entry = [{"commitInfo": {"operation": "SET TBLPROPERTIES"}}, {"protocol": protocol}]
+    (log / f"{version:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in entry))
+
+
+def refused_table_feature(root: Path, k: int = 3) -> Outcome:
+    """I10 with a table feature percolake cannot write: one table of the batch gains the
+    ``identityColumns`` feature (as delta-spark's ``ALTER TABLE`` would) before batch 1 commits.
+    The coordinator must refuse the commit naming the feature; the coordinator is then
+    SIGKILLed and restarted: no table of the batch shows it, its files go, snapshots answer
+    (no wedge). With the feature dropped again, batch 1 lands in every table exactly once."""
+    import grpc
+
+    from percolake.v1 import coordinator_pb2 as pb
+
+    sc = Scenario(root, k=k)
+    report = Report()
+    notes: dict[str, Any] = {}
+    try:
+        sc.start_coordinator()
+        first = light.LightPipeline(sc.target, "f", str(sc.lake), k, 1)
+        first.start().join(120)
+        for error in first.errors:
+            report.add("I10", f"batch 0: {error.strip()[-1500:]}")
+        tables = first.tables
+        paths = [t.path for t in tables]
+        refused_table = next(t for t in tables if t.name == "f_credits")
+        set_writer_features(refused_table.path, ["identityColumns"])
+        with sc.client() as client:
+            opened = client.call("OpenTransaction", pb.OpenTransactionRequest(
+                pipeline_id="f", batch_id=1, epoch=first.epoch, query_id=first.query_id,
+                tables=paths))
+            txn_id = opened.transaction.txn_id
+            writes = light.write_files(tables, opened, "f", 1, k)
+            try:
+                client.call("CommitTransaction", pb.CommitTransactionRequest(
+                    txn_id=txn_id, epoch=first.epoch, tables=paths, writes=writes))
+                report.add("I10", "the commit of a batch writing a table with identityColumns "
+                           "was accepted")
+            except grpc.RpcError as exc:
+                notes["refusal"] = f"{exc.code().name}: {exc.details()}"
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION \
+                        or "'identityColumns'" not in (exc.details() or ""):
+                    report.add("I10", f"the refusal does not name the feature: {notes['refusal']}")
+        sc.restart_coordinator()  # a crash right after the refusal changes nothing
+        with sc.client() as client:
+            client.call("AbortTransaction", pb.AbortTransactionRequest(
+                txn_id=txn_id, epoch=first.epoch, reason="refused: table feature"))
+            started = time.monotonic()
+            client.snapshot(paths, wait_ms=5000)
+            notes["snapshot_s"] = round(time.monotonic() - started, 2)
+        shown = sorted(t.name for t in tables if any(
+            p.startswith(f"_percolake/{txn_id}/") for v in read_versions(t.path) for p in v.files))
+        if shown:
+            report.add("I10", f"tables showing the refused batch: {shown}")
+        report.merge(sc.check({("f", 0): [0]}, tables=tables))
+        set_writer_features(refused_table.path, [])
+        again = light.LightPipeline(sc.target, "f", str(sc.lake), k, 2)
+        again.query_id = first.query_id
+        again.start().join(120)
+        for error in again.errors:
+            report.add("I10", f"batch 1 after the feature was dropped: {error.strip()[-1500:]}")
+        report.merge(sc.check({("f", 0): range(2)}, tables=tables))
+        return Outcome("I10-table-feature", report, notes)
+    finally:
+        sc.close()

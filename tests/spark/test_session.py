@@ -7,12 +7,16 @@ checks the shared session the fixtures built with it.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.storage import StorageSettingsError
 from sparkside import configure_spark
 from sparkside import session as sessions
@@ -23,7 +27,10 @@ from sparkside.session import (
     SPARK_PROVIDED,
     delta_package,
     first_fetch_notice,
+    run_executors_on_driver_python,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.spark
 
@@ -39,7 +46,8 @@ def test_the_delta_jar_matches_the_installed_delta_spark_and_pyspark():
 
 
 def test_configure_spark_adds_delta_spark_and_this_interpreter(monkeypatch):
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setenv("PYSPARK_PYTHON", "placeholder")  # restored after the test
+    monkeypatch.delenv("PYSPARK_PYTHON")
     got = options(configure_spark(SparkSession.builder))
     assert got["spark.jars.packages"] == delta_package()
     assert got["spark.jars.excludes"].split(",") == list(SPARK_PROVIDED)
@@ -49,7 +57,8 @@ def test_configure_spark_adds_delta_spark_and_this_interpreter(monkeypatch):
 
 
 def test_configure_spark_keeps_the_users_settings_and_is_idempotent(monkeypatch):
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setenv("PYSPARK_PYTHON", "placeholder")  # restored after the test
+    monkeypatch.delenv("PYSPARK_PYTHON")
     builder = (SparkSession.builder
                .config("spark.jars.packages", "org.example:extra_2.13:1.0")
                .config("spark.jars.excludes", "org.example:unwanted")
@@ -118,6 +127,85 @@ def test_an_s3_warehouse_without_credentials_names_the_variable(aws_env, monkeyp
 def test_pyspark_python_from_the_environment_is_left_to_spark(monkeypatch):
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python/bin/python3")
     assert "spark.pyspark.python" not in options(configure_spark(SparkSession.builder))
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/python/bin/python3"
+
+
+def test_configure_spark_sets_the_variable_a_session_started_from_python_reads(monkeypatch):
+    monkeypatch.setenv("PYSPARK_PYTHON", "placeholder")  # restored after the test
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    configure_spark(SparkSession.builder)
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    configure_spark(SparkSession.builder.config("spark.pyspark.python", "/opt/py/bin/python3"))
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/py/bin/python3"  # the user's choice
+
+
+class FakeContext:
+    """What ``run_executors_on_driver_python`` reads of a SparkContext."""
+
+    def __init__(self, python_exec: str, conf: dict[str, str]) -> None:
+        self.pythonExec = python_exec
+        self._conf = conf
+
+    def getConf(self) -> FakeContext:  # noqa: N802 - SparkContext's name
+        return self
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._conf.get(key, default)
+
+
+def test_a_running_session_gets_the_driver_python_unless_the_user_chose_one(monkeypatch):
+    monkeypatch.setenv("PYSPARK_PYTHON", "placeholder")
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    started_before = FakeContext("python3", {})  # PySpark's default: python3 from PATH
+    run_executors_on_driver_python(started_before)
+    assert started_before.pythonExec == sys.executable
+    configured = FakeContext("python3", {"spark.pyspark.python": "/opt/py/bin/python3"})
+    run_executors_on_driver_python(configured)
+    assert configured.pythonExec == "/opt/py/bin/python3"
+    monkeypatch.setenv("PYSPARK_PYTHON", "/env/bin/python3")
+    chosen = FakeContext("/env/bin/python3", {"spark.pyspark.python": "/opt/py/bin/python3"})
+    run_executors_on_driver_python(chosen)
+    assert chosen.pythonExec == "/env/bin/python3"
+
+
+EXECUTOR_PYTHON_JOB = """
+import sys
+from pyspark.sql import SparkSession
+from sparkside import configure_spark
+target, table = sys.argv[1:3]
+spark = configure_spark(SparkSession.builder.master("local[1]")
+                        .config("spark.ui.enabled", "false"), warehouse=table).getOrCreate()
+from sparkside import Participant  # imported after the session started
+participant = Participant(target, pipeline_id="executor-python")
+participant.run_batch(spark.range(1), 0,
+                      lambda df, batch_id, txn: txn.write(spark.range(5), table))
+participant.close()
+print("pythonExec", spark.sparkContext.pythonExec)
+spark.stop()
+"""
+
+
+def test_executors_run_the_driver_python_when_python3_on_path_lacks_pyarrow(
+        daemon_factory, moto_server, s3_env, s3_bucket, tmp_path):  # noqa: ANN001
+    root = f"s3://{s3_bucket}/wh"
+    daemon = daemon_factory.start(warehouse=root, data_dir=tmp_path / "data",
+                                  env=moto_server.env(), name="python")
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to("/usr/bin/python3")  # Debian's: no pyarrow, no pyspark
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    env.update(moto_server.env(), PATH=f"{bare}:{env['PATH']}", PYTHONPATH=str(ROOT))
+    try:
+        done = subprocess.run([sys.executable, "-c", EXECUTOR_PYTHON_JOB, daemon.target,
+                               f"{root}/numbers"], env=env, capture_output=True, text=True,
+                              timeout=300)
+    finally:
+        daemon.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"pythonExec {sys.executable}" in done.stdout
+    rows = read_delta_table(f"{root}/numbers").column("id").to_pylist()
+    assert sorted(rows) == list(range(5))
 
 
 def test_the_first_fetch_is_announced_once_and_later_runs_say_nothing(

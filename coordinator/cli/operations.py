@@ -10,34 +10,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from coordinator.client_commands import Call, add_common_arguments, run_calls
-from coordinator.hanging import find_hanging
-from coordinator.oracle import LOGICAL_BITS, wall_ms_of
+from coordinator.cli.client import Call, add_common_arguments, run_calls
+from coordinator.oracle import LOGICAL_BITS
+from coordinator.views import UNFINISHED, duration, find_hanging, pipeline_json, txn_json
+from coordinator.views import age_text as _age
+from coordinator.views import now_ms as _now_ms
+from coordinator.views import ts_time as _ts_time
 from percolake.v1 import coordinator_pb2 as pb
 
 STATES = ("OPEN", "PREWRITTEN", "COMMITTED", "APPLIED", "ABORTED")
-# Live: holding its tables. COMMITTED: decided, but not yet applied to every Delta table.
-UNFINISHED = (pb.OPEN, pb.PREWRITTEN, pb.COMMITTED)
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class Refused(Exception):
     """The coordinator answered with an error status."""
-
-
-def duration(text: str) -> float:
-    """Seconds of ``90s``, ``5m``, ``1h`` or ``2d``."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 90s, 5m, 1h or 2d, got {text!r}")
-    return float(match[1]) * _UNIT_S[match[2]]
 
 
 def as_of(text: str) -> int:
@@ -157,10 +145,6 @@ def run(args: argparse.Namespace) -> int:
         return json.dumps(as_json, indent=None) if args.json else table
 
     return run_calls(name, args, work)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _transactions(call: Call, request: pb.ListTransactionsRequest,
@@ -315,72 +299,13 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace, Call], tuple[Any, str]]] = {
 
 # ---------------------------------------------------------------- output
 
-def _iso(unix_ms: int) -> str:
-    """UTC ISO 8601 with milliseconds, or "" for 0 (never)."""
-    if not unix_ms:
-        return ""
-    when = dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
-
-
-def _ts_time(ts: int) -> str:
-    return _iso(wall_ms_of(ts)) if ts else ""
-
-
-def _age(seconds: float | None) -> str:
-    """A duration as its two largest units: 45s, 1m30s, 1h, 2d3h."""
-    if seconds is None:
-        return ""
-    left = int(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size or (unit == "s" and not parts):
-            parts.append(f"{left // size}{unit}")
-            left %= size
-    return "".join(p for p in parts[:2] if not p.startswith("0") or len(parts) == 1)
-
-
 def _opt(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
-def txn_json(txn: pb.Transaction) -> dict[str, Any]:
-    """A transaction as ``--json`` prints it (times as unix ms and as UTC ISO)."""
-    return {
-        "txn_id": txn.txn_id, "pipeline_id": txn.pipeline_id, "generation": txn.generation,
-        "batch_id": txn.batch_id, "attempt": txn.attempt,
-        "state": pb.TransactionState.Name(txn.state), "epoch": txn.epoch,
-        "query_id": txn.query_id, "principal": txn.principal,
-        "abort_reason": txn.abort_reason, "waiting_for_table": txn.waiting_for_table,
-        "start_ts": txn.start_ts,
-        "commit_ts": txn.commit_ts, "committed": _ts_time(txn.commit_ts),
-        "created_unix_ms": txn.created_unix_ms, "created": _iso(txn.created_unix_ms),
-        "updated_unix_ms": txn.updated_unix_ms, "updated": _iso(txn.updated_unix_ms),
-        "age_s": round(max(0, _now_ms() - txn.created_unix_ms) / 1000, 3),
-        "tables": [{"table": p.table, "write_location": p.write_location,
-                    "mode": pb.WriteMode.Name(p.mode or pb.APPEND),
-                    "prewritten": p.prewritten, "file_count": p.file_count,
-                    "row_count": p.row_count, "applied": p.applied,
-                    "delta_version": p.delta_version if p.applied else None}
-                   for p in txn.participants],
-    }
-
-
-def pipeline_json(pipeline: pb.Pipeline) -> dict[str, Any]:
-    """A pipeline as ``--json`` prints it."""
-    last = pipeline.last_commit_unix_ms
-    return {
-        "pipeline_id": pipeline.pipeline_id, "generation": pipeline.generation,
-        "epoch": pipeline.epoch, "query_id": pipeline.query_id,
-        "created_unix_ms": pipeline.created_unix_ms, "created": _iso(pipeline.created_unix_ms),
-        "last_committed_batch_id": pipeline.last_committed_batch_id
-        if pipeline.HasField("last_committed_batch_id") else None,
-        "last_commit_unix_ms": last, "last_commit": _iso(last),
-        "seconds_since_last_commit": round((_now_ms() - last) / 1000, 3) if last else None,
-        "resets": [{"from_generation": r.from_generation, "to_generation": r.to_generation,
-                    "reason": r.reason, "reset_unix_ms": r.reset_unix_ms,
-                    "reset": _iso(r.reset_unix_ms)} for r in pipeline.resets],
-    }
+def _named(table: dict[str, Any]) -> str:
+    """A table as the text output shows it: its location, and its catalog name if known."""
+    return f"{table['table']} ({table['name']})" if table.get("name") else table["table"]
 
 
 def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
@@ -419,7 +344,7 @@ def _txn_details(txn: dict[str, Any]) -> str:
         lines.append(_table(
             ["TABLE", "MODE", "PREWRITTEN", "FILES", "ROWS", "APPLIED", "DELTA VERSION",
              "WRITE LOCATION"],
-            [[t["table"], t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
+            [[_named(t), t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
               str(t["row_count"]), "yes" if t["applied"] else "no",
               _opt(t["delta_version"]), t["write_location"]] for t in txn["tables"]]))
     return "\n".join(lines)

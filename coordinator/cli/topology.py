@@ -9,12 +9,12 @@ arguments or unusable client settings."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from coordinator.client_commands import Call, add_common_arguments, run_calls
+from coordinator.cli.client import Call, add_common_arguments, run_calls
+from coordinator.views import delay_text, topology_json
 from percolake.v1 import coordinator_pb2 as pb
 
 
@@ -39,35 +39,6 @@ def run(args: argparse.Namespace) -> int:
     return run_calls("topology", args, work)
 
 
-def topology_json(reply: pb.GetTopologyResponse) -> dict[str, Any]:
-    """The reply as ``--json`` prints it; barrier fields are null while not known."""
-    def table(entry: pb.TopologyTable) -> dict[str, Any]:
-        known = entry.HasField("completed_barrier_ts")
-        return {"table": entry.table, "writer": entry.writer, "readers": list(entry.readers),
-                "completed_barrier_ts": entry.completed_barrier_ts if known else None,
-                "completed_barrier_unix_ms":
-                    entry.completed_barrier_unix_ms if known else None,
-                "completed_barrier": utc_time(entry.completed_barrier_unix_ms) if known else None,
-                "delay_ms": entry.delay_ms if known else None,
-                "bottleneck_pipeline": entry.bottleneck_pipeline or None,
-                "bottleneck_delay_ms": _field(entry, "bottleneck_delay_ms")}
-
-    return {
-        "barrier_interval_ms": reply.barrier_interval_ms, "now_ts": reply.now_ts,
-        "now_unix_ms": reply.now_unix_ms, "now": utc_time(reply.now_unix_ms),
-        "pipelines": [{"pipeline_id": p.pipeline_id, "generation": p.generation,
-                       "root": p.root, "reads": list(p.reads), "writes": list(p.writes),
-                       "own_delay_ms": _field(p, "own_delay_ms"),
-                       "end_to_end_delay_ms": _field(p, "end_to_end_delay_ms"),
-                       "last_input_barrier_ts": _field(p, "last_input_barrier_ts")}
-                      for p in reply.pipelines],
-        "tables": [table(t) for t in reply.tables],
-        "edges": [{"pipeline_id": e.pipeline_id, "table": e.table,
-                   "kind": "reads" if e.kind == pb.EDGE_READS else "writes"}
-                  for e in reply.edges],
-    }
-
-
 def render(result: dict[str, Any]) -> str:
     """Two readable tables: pipelines, then tables."""
     if not result["pipelines"] and not result["tables"]:
@@ -90,16 +61,6 @@ def render(result: dict[str, Any]) -> str:
             f"now {result['now']}")
 
 
-def _field(message: Any, name: str) -> int | None:
-    """An optional field's value, None while unset (not known)."""
-    return getattr(message, name) if message.HasField(name) else None
-
-
-def delay_text(ms: int | None) -> str:
-    """A delay in seconds as the CLI and the web view show it; "" while not known."""
-    return "" if ms is None else f"{ms / 1000:.1f}s"
-
-
 def _columns(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     if not rows:
         return ""
@@ -108,7 +69,3 @@ def _columns(header: Sequence[str], rows: list[Sequence[str]]) -> str:
                      for row in [header, *rows])
 
 
-def utc_time(unix_ms: int) -> str:
-    """Wall-clock milliseconds as UTC ISO 8601 with milliseconds (the CLI and the web view)."""
-    when = dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"

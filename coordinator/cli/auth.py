@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coordinator.client_commands import add_common_arguments, run_calls
+from coordinator.cli.client import add_common_arguments, run_calls
 
 PERMISSIONS = ("WRITE", "DESCRIBE", "ADMIN", "READ")
 
@@ -19,8 +19,8 @@ PERMISSIONS = ("WRITE", "DESCRIBE", "ADMIN", "READ")
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--authenticate", action="store_true",
                        help="every call needs a bearer token (metadata 'authorization: Bearer "
-                       "<token>') or, with --client-ca, a client certificate whose subject CN "
-                       "names the principal; permissions come from the ACL entries "
+                       "<token>') or, with --client-ca, a client certificate: its subject's one "
+                       "CN names principal 'cert:<CN>'; permissions come from the ACL entries "
                        "(docs/security.md). Off: every caller may do everything")
     serve.add_argument("--open-health", action="store_true",
                        help="with --authenticate, serve gRPC health and reflection without a "
@@ -32,7 +32,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--admin-token-file", default="", metavar="PATH",
                        help="bootstrap: the token in this file (created with a new one if "
                        "missing, mode 0600; refused if others may read it) authenticates "
-                       "principal 'admin' with ADMIN on every pipeline, held in memory only")
+                       "principal 'admin' with ADMIN on every pipeline, held in memory only (no "
+                       "client certificate is this principal: they are 'cert:<CN>')")
 
 
 def option_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -49,8 +50,9 @@ def add_commands(commands: Any, default_target: str) -> None:
         "by an id, 'prefix*' or '*'; a table entry grants WRITE or READ on a table URI or "
         "folder and every table below it, or '*'. Changes are durable and take effect at once.")
     acl.add_argument("action", choices=["add", "remove", "list"], help="what to do")
-    acl.add_argument("--principal", help="whom the entry is for ('*': every authenticated "
-                     "principal); with list: only this principal's entries")
+    acl.add_argument("--principal", help="whom the entry is for: a token's principal, "
+                     "'cert:CN' for a client certificate whose subject CN is CN, or '*' (every "
+                     "authenticated principal); with list: only this principal's entries")
     scope = acl.add_mutually_exclusive_group()
     scope.add_argument("--pipeline", metavar="PATTERN",
                        help="the pipelines: an id, 'prefix*' or '*'")
@@ -67,8 +69,9 @@ def add_commands(commands: Any, default_target: str) -> None:
         "--authenticate). create prints the new token once: the coordinator stores only its "
         "hash. revoke takes effect at once. list never shows a token, only its id.")
     tokens.add_argument("action", choices=["create", "revoke", "list"], help="what to do")
-    tokens.add_argument("--principal", help="create: whom the token authenticates; list: only "
-                        "this principal's tokens")
+    tokens.add_argument("--principal", help="create: whom the token authenticates (not "
+                        "'cert:...', the principals of client certificates); list: only this "
+                        "principal's tokens")
     tokens.add_argument("--description", default="",
                         help="create: a note kept with the token (what uses it)")
     tokens.add_argument("--id", dest="token_id", metavar="TOKEN_ID",

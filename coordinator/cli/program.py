@@ -16,9 +16,13 @@ import argparse
 import json
 import sys
 
-from coordinator import limits, ops_cli, revise_cli, topology_cli, vacuum_cli
-from coordinator.auth import cli as auth_cli
-from coordinator.client_commands import client_follower
+from coordinator import limits
+from coordinator.cli import auth as auth_cli
+from coordinator.cli import operations as ops_cli
+from coordinator.cli import revise as revise_cli
+from coordinator.cli import topology as topology_cli
+from coordinator.cli import vacuum as vacuum_cli
+from coordinator.cli.client import client_follower
 from coordinator.core import CoordinatorConfig
 from percolake.credentials import add_client_arguments
 
@@ -143,13 +147,21 @@ def _parser() -> argparse.ArgumentParser:
                        help="each object-store (S3) request times out after this long and is "
                        "retried at most 3 times; then the call fails with UNAVAILABLE")
     serve.add_argument("--metrics-port", type=_port, default=0, metavar="PORT",
-                       help="serve Prometheus metrics over plain HTTP at "
-                       "http://HOST:PORT/metrics on the --host address, read-only and without "
-                       "authentication (docs/metrics.md); 0: no metrics endpoint")
+                       help="serve Prometheus metrics at HOST:PORT/metrics on the --host "
+                       "address, over HTTPS with --tls-cert (else HTTP); with --client-ca it "
+                       "needs a client certificate, with --authenticate a bearer token or "
+                       "client certificate whose principal has DESCRIBE on every pipeline "
+                       "(docs/metrics.md); 0: no metrics endpoint")
+    serve.add_argument("--metrics-open", action="store_true",
+                       help="serve /metrics to anyone who reaches the port, without a "
+                       "credential, even with --authenticate or --client-ca; needed for open "
+                       "metrics on an address other than loopback")
     serve.add_argument("--http-port", type=_port, default=0, metavar="PORT",
                        help="serve the read-only web view (HTML pages and /api JSON) at "
-                       "http://HOST:PORT/ on the --host address; with --authenticate it needs "
-                       "'Authorization: Bearer <token>' (docs/operations.md); 0: off")
+                       "HOST:PORT/ on the --host address, over HTTPS with --tls-cert (else "
+                       "HTTP); it asks what gRPC asks: a client certificate with --client-ca, "
+                       "with --authenticate 'Authorization: Bearer <token>' or that "
+                       "certificate (docs/operations.md); 0: off")
     serve.add_argument("--port-file", metavar="PATH",
                        help="write the bound port to this file once serving (for --port 0)")
     serve.add_argument("--log-level", default="info",
@@ -240,7 +252,7 @@ def _serve(args: argparse.Namespace) -> int:
                             lease_s=args.lease_s, node_id=args.node_id,
                             tls_cert=args.tls_cert, tls_key=args.tls_key,
                             client_ca=args.client_ca, insecure=args.insecure,
-                            metrics_port=args.metrics_port,
+                            metrics_port=args.metrics_port, metrics_open=args.metrics_open,
                             http_port=args.http_port,
                             **auth_cli.option_fields(args))
     return serve_forever(args.data_dir, config, options, args.port_file)

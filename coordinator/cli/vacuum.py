@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from coordinator.client_commands import Call, add_common_arguments, run_calls
+from coordinator.cli.client import Call, add_common_arguments, run_calls
 from coordinator.core.vacuum import DEFAULT_RETENTION_HOURS
 from percolake.v1 import coordinator_pb2 as pb
 

@@ -11,8 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from coordinator.client_commands import Call, add_common_arguments, run_calls
-from coordinator.ops_cli import as_of
+from coordinator.cli.client import Call, add_common_arguments, run_calls
+from coordinator.cli.operations import as_of
 from percolake.barriers import LOGICAL_BITS
 from percolake.v1 import coordinator_pb2 as pb
 

@@ -1,0 +1,93 @@
+"""A Delta commit written as its log entry, for the commits delta-rs cannot make: data files
+together with a ``metaData`` action (schema evolution). delta-rs's ``create_write_transaction``
+changes the metadata only in overwrite mode, where it also removes files of its own choosing.
+
+The entry is the next version's ``_delta_log/<version>.json``, written only if absent, as every
+Delta writer commits: a local file is linked into place (fails if the name exists), an object
+with ``If-None-Match: *``. Losing that race returns False: the caller re-reads the table and
+checks again, as after delta-rs's CommitFailedError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from percolake.lake import storage
+from percolake.lake.warehouse import is_object_store, local_path
+from percolake.records import AddFileRecord
+
+ENGINE = "percolake (Delta log entry)"
+# what Delta's log keeps unencoded in a path: RFC 3986 path characters, as delta-rs writes them
+_PATH_SAFE = "/!$&'()*+,;=:@-._~"
+
+
+def log_path(path: str) -> str:
+    """A data file's relative path as the log stores it (a URI path: percent-encoded)."""
+    return quote(path, safe=_PATH_SAFE)
+
+
+def add_action(add: AddFileRecord) -> dict[str, Any]:
+    return {"add": {"path": log_path(add.path), "partitionValues": dict(add.partition_values),
+                    "size": add.size, "modificationTime": add.modification_time,
+                    "dataChange": True, "stats": add.stats or "{}"}}
+
+
+def remove_action(path: str, size: int, partition_values: Mapping[str, str | None],
+                  now_ms: int) -> dict[str, Any]:
+    return {"remove": {"path": log_path(path), "dataChange": True, "deletionTimestamp": now_ms,
+                       "extendedFileMetadata": True, "partitionValues": dict(partition_values),
+                       "size": size}}
+
+
+def metadata_action(metadata: Any, schema_json: str) -> dict[str, Any]:
+    """The table's ``metaData`` (delta-rs's ``DeltaTable.metadata()``) with ``schema_json``:
+    the same table id, partitioning, configuration and creation time."""
+    action: dict[str, Any] = {
+        "id": metadata.id, "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema_json, "partitionColumns": list(metadata.partition_columns),
+        "configuration": dict(metadata.configuration), "createdTime": metadata.created_time}
+    if metadata.name is not None:
+        action["name"] = metadata.name
+    if metadata.description is not None:
+        action["description"] = metadata.description
+    return {"metaData": action}
+
+
+def commit_info(mode: str, partition_by: list[str], tags: Mapping[str, object],
+                now_ms: int) -> dict[str, Any]:
+    """The entry's ``commitInfo``: ``tags`` at its top level, as delta-rs's custom metadata."""
+    return {"commitInfo": {"timestamp": now_ms, "operation": "WRITE",
+                           "operationParameters": {"mode": mode,
+                                                   "partitionBy": json.dumps(partition_by)},
+                           "engineInfo": ENGINE, **tags}}
+
+
+def put_entry(table_uri: str, version: int, actions: list[dict[str, Any]]) -> bool:
+    """Writes the log entry of ``version`` unless one exists; False if one does."""
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    if is_object_store(table_uri):
+        return storage.put_object_if_absent(
+            f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json", text)
+    folder = f"{local_path(table_uri)}/_delta_log"
+    temporary = f"{folder}/.{version:020d}.json.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as entry:
+        entry.write(text)
+        entry.flush()
+        os.fsync(entry.fileno())
+    try:
+        os.link(temporary, f"{folder}/{version:020d}.json")  # fails if the version exists
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+    return True
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

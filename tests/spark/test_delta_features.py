@@ -1,0 +1,200 @@
+"""Tables delta-spark made with its table features on, written by ``txn.write``, read back by
+delta-spark and compared with delta-spark's own write of the same rows to a copy of the table
+(docs/delta-features.md). The refusal logic itself is tested without Spark in
+``tests/test_table_features.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from sparkside import Participant, UnsupportedTableFeature
+
+pytestmark = pytest.mark.spark
+
+# feature -> (columns, table properties or clause): delta-spark turns the feature on
+REFUSED = {
+    "identityColumns": ("id BIGINT GENERATED ALWAYS AS IDENTITY, name STRING", ""),
+    "clustering": ("id BIGINT, name STRING", "CLUSTER BY (id)"),
+    "rowTracking": ("id BIGINT, name STRING", "'delta.enableRowTracking'='true'"),
+    "domainMetadata": ("id BIGINT, name STRING", "'delta.feature.domainMetadata'='supported'"),
+    "inCommitTimestamp": ("id BIGINT, name STRING", "'delta.enableInCommitTimestamps'='true'"),
+    "typeWidening": ("id BIGINT, name STRING", "'delta.enableTypeWidening'='true'"),
+    "vacuumProtocolCheck": ("id BIGINT, name STRING",
+                            "'delta.feature.vacuumProtocolCheck'='supported'"),
+    "v2Checkpoint": ("id BIGINT, name STRING", "'delta.checkpointPolicy'='v2'"),
+    "allowColumnDefaults": ("id BIGINT, name STRING",
+                            "'delta.feature.allowColumnDefaults'='supported'"),
+    "checkpointProtection": ("id BIGINT, name STRING",
+                             "'delta.feature.checkpointProtection'='supported'"),
+    "icebergCompatV2": ("id BIGINT, name STRING", "'delta.columnMapping.mode'='name', "
+                        "'delta.enableIcebergCompatV2'='true'"),
+    "variantType": ("id BIGINT, name STRING, v VARIANT", ""),
+}
+
+
+def create(spark: SparkSession, path: Path, columns: str, properties: str = "",
+           partitioned_by: str = "") -> None:
+    clause = properties if properties.startswith("CLUSTER") else \
+        (f"TBLPROPERTIES({properties})" if properties else "")
+    partitions = f"PARTITIONED BY ({partitioned_by})" if partitioned_by else ""
+    spark.sql(f"CREATE TABLE delta.`{path}` ({columns}) USING DELTA {partitions} {clause}")
+
+
+def versions(path: Path) -> list[str]:
+    return sorted(p.name for p in (path / "_delta_log").glob("*.json"))
+
+
+def rows(spark: SparkSession, path: Path) -> list[tuple]:
+    return sorted(tuple(r) for r in spark.read.format("delta").load(str(path)).collect())
+
+
+def batches(lake_daemon, name: str) -> Callable[[int, Callable], None]:  # noqa: ANN001
+    """Runs batch after batch of a fresh pipeline, each through ``fn(txn)``."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"{name}-{uuid.uuid4().hex[:6]}")
+    counter = iter(range(1000))
+
+    def run(spark: SparkSession, fn: Callable) -> None:
+        participant.run_batch(spark.range(1), next(counter), lambda df, b, txn: fn(txn))
+
+    return run
+
+
+@pytest.mark.parametrize("feature", sorted(REFUSED))
+def test_a_table_with_a_feature_percolake_cannot_write_is_refused_with_nothing_written(
+        spark, lake_daemon, lake, feature):
+    """The batch also writes a plain table first: neither table shows anything, nothing is
+    left in the refused table's folder, and the refusal names the feature."""
+    columns, properties = REFUSED[feature]
+    refused, plain = lake / "refused", lake / "plain"
+    create(spark, refused, columns, properties)
+    before = versions(refused)
+    run = batches(lake_daemon, "refused")
+    values = spark.createDataFrame([(1, "a")], "id long, name string")
+
+    def write(txn) -> None:  # noqa: ANN001
+        txn.write(values, str(plain))
+        txn.write(values, str(refused))
+
+    with pytest.raises(UnsupportedTableFeature, match=f"'{feature}'.*To write it"):
+        run(spark, write)
+    assert versions(refused) == before
+    assert not (refused / "_percolake").exists()
+    assert not (plain / "_delta_log").exists()
+
+
+def copy_of(path: Path) -> Path:
+    copy = path.with_name(path.name + "-copy")
+    shutil.copytree(path, copy)
+    return copy
+
+
+@pytest.mark.parametrize("mode", ["name", "id"])
+def test_column_mapped_table_written_as_delta_spark_writes_it(spark, lake_daemon, lake, mode):
+    """Append then overwrite_partitions, beside delta-spark's own writes of the same rows to a
+    copy: delta-spark reads the same rows from both; percolake's files carry the physical names
+    and field ids."""
+    path = lake / "mapped"
+    schema = "id BIGINT, s STRUCT<a: INT, b: STRING>, day DATE"
+    create(spark, path, schema, f"'delta.columnMapping.mode'='{mode}'", "day")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, named_struct('a', 1, 'b', 'x'), "
+              "DATE'2026-01-01')")
+    copy = copy_of(path)
+    run = batches(lake_daemon, f"mapped-{mode}")
+    day2 = spark.sql("SELECT 2L id, named_struct('a', 2, 'b', 'y') s, DATE'2026-01-02' day "
+                     "UNION ALL SELECT 3L, named_struct('a', 3, 'b', null), DATE'2026-01-01'")
+    run(spark, lambda txn: txn.write(day2, str(path)))
+    day2.write.format("delta").mode("append").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy)
+    replaced = spark.sql("SELECT 4L id, named_struct('a', 4, 'b', 'z') s, DATE'2026-01-01' day")
+    run(spark, lambda txn: txn.write(replaced, str(path), mode="overwrite_partitions"))
+    replaced.write.format("delta").mode("overwrite") \
+        .option("partitionOverwriteMode", "dynamic").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy)
+    assert [r[0] for r in rows(spark, path)] == [2, 4]
+
+    fields = json.loads(json.loads(next(
+        line for line in (path / "_delta_log" / versions(path)[0]).read_text().splitlines()
+        if '"metaData"' in line))["metaData"]["schemaString"])["fields"]
+    ids = {f["metadata"]["delta.columnMapping.physicalName"]: f["metadata"]
+           ["delta.columnMapping.id"] for f in fields}
+    ours = sorted((path / "_percolake").rglob("*.parquet"))
+    assert ours
+    for file in ours:
+        arrow = pq.read_schema(file)
+        assert set(arrow.names) == set(ids) - {ids_name(fields, "day")}
+        for field in arrow:
+            assert int(field.metadata[b"PARQUET:field_id"]) == ids[field.name]
+
+
+def ids_name(fields: list[dict], column: str) -> str:
+    return next(f["metadata"]["delta.columnMapping.physicalName"] for f in fields
+                if f["name"] == column)
+
+
+def with_deleted_rows(spark: SparkSession, path: Path) -> None:
+    """A partitioned table with deletion vectors whose files have rows deleted by delta-spark."""
+    create(spark, path, "id BIGINT, day STRING", "'delta.enableDeletionVectors'='true'", "day")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1,'a'),(2,'a'),(3,'b'),(4,'b'),(5,'c')")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id IN (2, 4)")
+
+
+def removes_with_vectors(path: Path) -> int:
+    last = (path / "_delta_log" / versions(path)[-1]).read_text().splitlines()
+    return sum(1 for line in last if '"remove"' in line
+               and json.loads(line)["remove"].get("deletionVector"))
+
+
+def test_overwrites_of_files_with_deletion_vectors_remove_exactly_the_visible_rows(
+        spark, lake_daemon, lake):
+    """overwrite_partitions, then overwrite, of files with rows deleted by delta-spark: the
+    removes carry the files' deletion vectors, as delta-spark's own overwrites of a copy."""
+    path = lake / "dv"
+    with_deleted_rows(spark, path)
+    copy = copy_of(path)
+    run = batches(lake_daemon, "dv")
+    partitions = spark.createDataFrame([(6, "a"), (7, "b"), (9, "a")],
+                                       "id long, day string").coalesce(1)
+    run(spark, lambda txn: txn.write(partitions, str(path), mode="overwrite_partitions"))
+    partitions.write.format("delta").mode("overwrite") \
+        .option("partitionOverwriteMode", "dynamic").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(5, "c"), (6, "a"), (7, "b"), (9, "a")]
+    assert removes_with_vectors(path) == 2  # the files of a and b, which had deleted rows
+
+    for table in (path, copy):  # a deletion vector on the file of a
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 6")
+    whole = spark.createDataFrame([(8, "d")], "id long, day string")
+    run(spark, lambda txn: txn.write(whole, str(path), mode="overwrite"))
+    whole.write.format("delta").mode("overwrite").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(8, "d")]
+    assert removes_with_vectors(path) == 1
+
+
+def test_change_data_feed_and_timestamp_ntz_table_written_and_fed_as_by_delta_spark(
+        spark, lake_daemon, lake):
+    path = lake / "cdf"
+    create(spark, path, "id BIGINT, at TIMESTAMP_NTZ", "'delta.enableChangeDataFeed'='true'")
+    copy = copy_of(path)
+    run = batches(lake_daemon, "cdf")
+    first = spark.sql("SELECT 1L id, TIMESTAMP_NTZ'2026-01-01 10:00:00' at")
+    second = spark.sql("SELECT 2L id, TIMESTAMP_NTZ'2026-01-02 11:00:00' at")
+    for df, mode in ((first, "append"), (second, "overwrite")):
+        run(spark, lambda txn, df=df, mode=mode: txn.write(df, str(path), mode=mode))
+        df.write.format("delta").mode(mode).save(str(copy))
+        assert rows(spark, path) == rows(spark, copy)
+
+    def changes(table: Path) -> list[tuple]:
+        feed = spark.read.format("delta").option("readChangeFeed", "true") \
+            .option("startingVersion", 1).load(str(table))
+        return sorted((r.id, r._change_type, r._commit_version) for r in feed.collect())
+
+    assert changes(path) == changes(copy) == [(1, "delete", 2), (1, "insert", 1),
+                                              (2, "insert", 2)]

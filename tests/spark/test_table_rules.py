@@ -1,0 +1,166 @@
+"""Tables delta-spark made, written by ``txn.write``, read back by delta-spark and compared with
+delta-spark's own write of the same rows: NOT NULL, CHECK constraints and generated columns
+(the same refusal, nothing committed in any table of the batch), schema evolution with
+``merge_schema``, a column named in another case, a column the batch lacks, and catalog names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from coordinator.views import txn_json
+from percolake.lake.warehouse import canonical_table_uri
+from percolake.v1 import coordinator_pb2 as pb
+from sparkside import ConsistentReader, Participant
+from sparkside.errors import ConstraintViolation, SchemaMismatch, UnknownTable
+from tests.spark.helpers import transactions
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = ("id BIGINT NOT NULL, amount INT, s STRUCT<x: INT NOT NULL, y: INT>, ts TIMESTAMP, "
+           "note STRING, day DATE GENERATED ALWAYS AS (CAST(ts AS DATE))")
+BATCH = "id BIGINT, amount INT, s STRUCT<x: INT, y: INT>, ts TIMESTAMP"
+TS = datetime.datetime(2024, 1, 2, 3, 4, 5)
+
+
+def create_ruled_table(spark: SparkSession, location: Path) -> None:
+    """A table with NOT NULL (top level and nested), a CHECK constraint and a generated
+    column, made by delta-spark."""
+    spark.sql(f"CREATE TABLE delta.`{location}` ({COLUMNS}) USING DELTA")
+    spark.sql(f"ALTER TABLE delta.`{location}` ADD CONSTRAINT positive CHECK (amount > 0)")
+
+
+def delta_spark_error(spark: SparkSession, location: Path, rows: list, schema: str) -> str:
+    """delta-spark's refusal of the same rows (its message from the error class on)."""
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - delta-spark's own class
+        spark.createDataFrame(rows, schema).write.format("delta").mode("append") \
+            .save(str(location))
+    text = str(refused.value)
+    return text[text.index("[DELTA_"):].split("\n\tat ")[0].strip()
+
+
+def versions(*tables: Path) -> list[int]:
+    return [DeltaTable(str(t)).version() for t in tables]
+
+
+@pytest.mark.parametrize(("rows", "schema", "same_values"), [
+    ([(2, -5, (1, 2), TS)], BATCH, True),                                  # CHECK
+    ([(2, None, (1, 2), TS)], BATCH, True),                                # CHECK on null
+    ([(None, 5, (1, 2), TS)], BATCH, True),                                # NOT NULL
+    ([(3, 5, (None, 2), TS)], BATCH, True),                                # nested NOT NULL
+    ([(4, 5, (1, 2), TS, datetime.date(2020, 1, 1))], f"{BATCH}, day DATE", False),  # generated
+], ids=["check", "check-null", "not-null", "nested-not-null", "generated"])
+def test_a_row_breaking_a_rule_fails_the_batch_as_delta_spark_does_and_commits_nothing(
+        spark, lake_daemon, lake, rows, schema, same_values):
+    ruled, other, copy = lake / "ruled", lake / "other", lake / "copy"
+    create_ruled_table(spark, ruled)
+    create_ruled_table(spark, copy)
+    spark.range(1).write.format("delta").save(str(other))
+    participant = Participant(lake_daemon.target, pipeline_id=f"rules-{uuid.uuid4().hex[:6]}")
+    bad = spark.createDataFrame(rows, schema)
+
+    def batch(df, batch_id, txn):  # noqa: ANN001, ANN202
+        txn.write(spark.range(5), str(other))
+        txn.write(bad, str(ruled))
+
+    with pytest.raises(ConstraintViolation) as refused:
+        participant.run_batch(spark.range(1), 0, batch)
+    expected = delta_spark_error(spark, copy, rows, schema)
+    ours = str(refused.value)
+    if same_values:
+        assert expected in ours, (expected, ours)
+    else:  # delta-spark shows a date and a timestamp as their internal numbers
+        assert expected.splitlines()[0] in ours, (expected, ours)
+        assert " - day : 2020-01-01\n - ts : 2024-01-02 03:04:05" in ours
+    assert "Nothing was committed" in ours
+    assert versions(ruled, other) == [1, 0]  # the CREATE, the ADD CONSTRAINT; the first write
+    states = [t.state for t in transactions(lake_daemon.stub, participant.pipeline_id)]
+    assert states == [pb.ABORTED]
+    assert not list((ruled / "_percolake").glob("*/*.parquet"))
+    participant.close()
+
+
+def test_good_rows_are_shaped_as_delta_spark_shapes_them(spark, lake_daemon, lake):
+    """Generated column computed, a column named in another case written as the table's,
+    a column the batch lacks null: the same rows as delta-spark's own append."""
+    ours, theirs = lake / "ours", lake / "theirs"
+    create_ruled_table(spark, ours)
+    create_ruled_table(spark, theirs)
+    rows = [(1, 5, (1, None), TS), (2, 7, (3, 4), None)]
+    schema = "ID BIGINT, Amount INT, s STRUCT<x: INT, y: INT>, ts TIMESTAMP"
+    participant = Participant(lake_daemon.target, pipeline_id=f"shape-{uuid.uuid4().hex[:6]}")
+    participant.run_batch(spark.range(1), 0, lambda df, batch_id, txn: txn.write(
+        spark.createDataFrame(rows, schema), str(ours)))
+    spark.createDataFrame(rows, schema).write.format("delta").mode("append").save(str(theirs))
+
+    def read(table: Path) -> list:
+        return sorted(spark.read.format("delta").load(str(table)).collect())
+
+    assert read(ours) == read(theirs)
+    assert read(ours)[0]["day"] == datetime.date(2024, 1, 2)
+    assert spark.read.format("delta").load(str(ours)).schema == \
+        spark.read.format("delta").load(str(theirs)).schema
+    participant.close()
+
+
+def test_merge_schema_adds_columns_in_the_batch_commit_as_delta_spark_merges(
+        spark, lake_daemon, lake):
+    ours, theirs, other = lake / "ours", lake / "theirs", lake / "other"
+    for table in (ours, theirs):
+        spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT NOT NULL, amount INT) USING DELTA")
+    spark.range(1).write.format("delta").save(str(other))
+    wider = spark.createDataFrame([(1, 5, "EUR", (1, "a"))],
+                                  "id BIGINT, amount INT, currency STRING, "
+                                  "extra STRUCT<k: INT, v: STRING>")
+    participant = Participant(lake_daemon.target, pipeline_id=f"merge-{uuid.uuid4().hex[:6]}")
+    with pytest.raises(SchemaMismatch, match=r"unknown columns \['currency', 'extra'\].*"
+                                             r"merge_schema=True"):
+        participant.run_batch(spark.range(1), 0,
+                              lambda df, batch_id, txn: txn.write(wider, str(ours)))
+
+    def batch(df, batch_id, txn):  # noqa: ANN001, ANN202
+        txn.write(wider, str(ours), merge_schema=True)
+        txn.write(spark.range(3), str(other))
+
+    participant.run_batch(spark.range(1), 1, batch)
+    wider.write.format("delta").mode("append").option("mergeSchema", "true").save(str(theirs))
+    assert versions(ours, other) == [1, 1]  # the data and the new columns in one version
+    entry = (ours / "_delta_log" / f"{1:020d}.json").read_text()
+    assert '"metaData"' in entry and '"add"' in entry
+    read_ours = spark.read.format("delta").load(str(ours))
+    read_theirs = spark.read.format("delta").load(str(theirs))
+    assert read_ours.schema == read_theirs.schema
+    assert read_ours.collect() == read_theirs.collect()
+    snap = ConsistentReader(spark, lake_daemon.target).snapshot([str(ours), str(other)])
+    assert snap.table(str(ours)).count() == 1 and snap.table(str(other)).count() == 4
+    schema = json.loads(DeltaTable(str(ours)).schema().to_json())
+    assert schema["fields"][0]["nullable"] is False  # the table's NOT NULL is kept
+    participant.close()
+
+
+def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
+        spark, lake_daemon, lake):
+    database = f"percolake_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE DATABASE {database}")
+    spark.sql(f"CREATE TABLE {database}.orders (id BIGINT) USING DELTA LOCATION '{lake}/orders'")
+    participant = Participant(lake_daemon.target, pipeline_id=f"names-{uuid.uuid4().hex[:6]}")
+    participant.run_batch(spark.range(1), 0, lambda df, batch_id, txn: txn.write(
+        spark.range(4), f"spark_catalog.{database}.orders"))
+    txn = transactions(lake_daemon.stub, participant.pipeline_id)[0]
+    assert [p.table for p in txn.participants] == [canonical_table_uri(str(lake / "orders"))]
+    shown = txn_json(txn)["tables"][0]  # what the CLI and the web view show
+    assert shown["name"] == f"spark_catalog.{database}.orders"
+    snap = ConsistentReader(spark, lake_daemon.target).snapshot([f"{database}.orders"])
+    assert snap.table(f"{database}.orders").count() == 4
+    assert sorted(r.id for r in spark.table(f"{database}.orders").collect()) == [0, 1, 2, 3]
+    with pytest.raises(UnknownTable, match=f"{database}.missing"):
+        participant.run_batch(spark.range(1), 1, lambda df, batch_id, txn: txn.write(
+            spark.range(1), f"{database}.missing"))
+    participant.close()

@@ -1,0 +1,229 @@
+"""Schema evolution and table rules at unit level: the merged schema, the coordinator's check of
+a ``merge_schema`` intent, its apply (data and new schema in one Delta commit, idempotent, racing
+another writer), the rules read from a table, the source's refusal of new upstream columns.
+
+Real Delta tables (delta-rs) and Parquet files in tmp_path; no Spark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, Schema, write_deltalake
+
+from coordinator.validation import check_table_write
+from percolake import codec
+from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake.lake import delta_commit, log_entry
+from percolake.lake.arrow_read import read_delta_table
+from percolake.lake.delta_commit import apply_table_write, table_layout
+from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
+from percolake.lake.write_check import WriteChecker
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from sparkside.catalog import is_table_name, resolve_table
+from sparkside.delta_log import DataFile
+from sparkside.errors import UnknownTable, UpstreamSchemaChanged
+from sparkside.source import SourceOptions
+from sparkside.source_files import FilePartition, read_file
+from sparkside.table_rules import not_null_paths, referenced_columns, table_rules
+
+APP = "percolake:p:g0"
+
+
+def field(name: str, kind: object, nullable: bool = True, metadata: dict | None = None) -> dict:
+    return {"name": name, "type": kind, "nullable": nullable, "metadata": metadata or {}}
+
+
+def schema(*fields: dict) -> str:
+    return json.dumps({"type": "struct", "fields": list(fields)})
+
+
+TABLE = schema(field("id", "long", False),
+               field("s", {"type": "struct", "fields": [field("x", "integer", False)]}),
+               field("day", "date", True, {"delta.generationExpression": "CAST(ts AS DATE)"}))
+
+
+def test_merge_keeps_every_table_column_and_adds_new_ones_nullable_at_the_end():
+    batch = schema(field("day", "date"), field("currency", "string"), field("id", "long"),
+                   field("s", {"type": "struct", "fields": [field("x", "integer"),
+                                                            field("y", "string", False)]}))
+    merged = json.loads(merged_schema(TABLE, batch))
+    table = json.loads(TABLE)
+    assert [f["name"] for f in merged["fields"]] == ["id", "s", "day", "currency"]
+    assert merged["fields"][0] == table["fields"][0]  # NOT NULL kept
+    assert merged["fields"][2] == table["fields"][2]  # generation expression kept
+    assert merged["fields"][3] == field("currency", "string")
+    assert merged["fields"][1]["type"]["fields"] == [field("x", "integer", False),
+                                                     field("y", "string")]
+    assert added_columns(TABLE, batch) == ["currency", "s.y"]  # in the batch's order
+    assert merged_schema(TABLE, TABLE) == json.dumps(table, separators=(",", ":"))
+
+
+def test_merge_refuses_another_type_naming_the_column_and_why():
+    batch = schema(field("id", "integer"), field("s", "string"))
+    with pytest.raises(SchemaConflict) as refused:
+        merged_schema(TABLE, batch)
+    assert "'id'" in str(refused.value) and "'s'" in str(refused.value)
+    assert "typeWidening" in str(refused.value)
+
+
+def test_rules_of_a_table_name_their_constraint_and_the_columns_it_shows():
+    rules = table_rules(TABLE, (("positive", "id > 0 AND `day` IS NOT NULL"),),
+                        given={"id", "s", "day"})
+    assert [r.message for r in rules[:2]] == [
+        "[DELTA_NOT_NULL_CONSTRAINT_VIOLATED] NOT NULL constraint violated for column: id.",
+        "[DELTA_NOT_NULL_CONSTRAINT_VIOLATED] NOT NULL constraint violated for column: s.x."]
+    assert rules[2].message.startswith("[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK "
+                                       "constraint Generated Column (day <=> CAST(ts AS DATE))")
+    assert rules[3].columns == ("id", "day")
+    assert rules[3].condition == "coalesce((id > 0 AND `day` IS NOT NULL), false)"
+    no_day = table_rules(TABLE, (), given={"id", "s"})  # computed, not checked
+    assert [r.message for r in no_day if "Generated" in r.message] == []
+    assert not_null_paths(json.loads(TABLE)["fields"]) == ["id", "s.x"]
+    assert referenced_columns("amount > 0 AND amounts < 3 AND t.amount2 = 1",
+                              ["amount", "amounts", "amount2"]) == ("amount", "amounts")
+
+
+# ---------------------------------------------------------------- check and apply with delta-rs
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    root = tmp_path / "t"
+    write_deltalake(str(root), pa.table({"id": pa.array([1], pa.int64())}))
+    DeltaTable(str(root)).alter.add_constraint({"positive": "id > 0"})
+    return root
+
+
+def new_column_write(root: Path, txn: str = "txn-1", merge: bool = True,
+                     mode: WriteMode = WriteMode.APPEND) -> TableWriteRecord:
+    folder = root / "_percolake" / txn
+    folder.mkdir(parents=True, exist_ok=True)
+    data = pa.table({"id": pa.array([2], pa.int64()), "currency": pa.array(["EUR"])})
+    path = folder / "part-0.parquet"
+    pq.write_table(data, path)
+    add = AddFileRecord(path.relative_to(root).as_posix(), path.stat().st_size, {}, 0,
+                        json.dumps({"numRecords": 1}))
+    return TableWriteRecord(f"file://{root}", mode, (add,),
+                            Schema.from_arrow(data.schema).to_json(), (), (), merge)
+
+
+def test_the_check_refuses_new_columns_naming_the_option_and_passes_them_with_it(table):
+    checker = WriteChecker()
+    with pytest.raises(FailedPrecondition, match=r"unknown columns \['currency'\].*merge_schema"):
+        checker.check(new_column_write(table, merge=False))
+    checker.check(new_column_write(table))
+    assert table_layout(f"file://{table}").constraints == (("positive", "id > 0"),)
+
+
+def test_a_merge_write_commits_its_new_column_with_the_data_in_one_version(table):
+    write = new_column_write(table)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    assert version == 2
+    entry = [json.loads(line) for line in
+             (table / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    kinds = [next(iter(action)) for action in entry]
+    assert kinds == ["commitInfo", "txn", "metaData", "add"]
+    assert entry[0]["commitInfo"]["percolake.txn_id"] == "txn-1"
+    assert entry[2]["metaData"]["configuration"] == {"delta.constraints.positive": "id > 0"}
+    loaded = DeltaTable(str(table))
+    assert loaded.transaction_version(APP) == 0
+    assert [f.name for f in loaded.schema().fields] == ["id", "currency"]
+    assert sorted(read_delta_table(str(table)).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "currency": None}, {"id": 2, "currency": "EUR"}]
+    again = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    assert again == 2 and DeltaTable(str(table)).version() == 2
+
+
+def test_a_merge_overwrite_removes_the_old_files_in_the_same_version(table):
+    write = new_column_write(table, mode=WriteMode.OVERWRITE)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    assert read_delta_table(str(table)).to_pylist() == [{"id": 2, "currency": "EUR"}]
+    text = (table / "_delta_log" / f"{version:020d}.json").read_text()
+    assert '"remove"' in text and '"metaData"' in text
+
+
+def test_a_merge_apply_that_loses_the_race_for_its_version_checks_again(table, monkeypatch):
+    write = new_column_write(table)
+    real = log_entry.put_entry
+    lost: list[int] = []
+
+    def taken_once(table_uri: str, version: int, actions: list) -> bool:
+        if not lost:  # another writer commits that version first
+            lost.append(version)
+            write_deltalake(str(table), pa.table({"id": pa.array([3], pa.int64())}),
+                            mode="append")
+            return real(table_uri, version, actions)  # the version exists now: False
+        return real(table_uri, version, actions)
+
+    monkeypatch.setattr(delta_commit, "put_entry", taken_once)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    assert lost == [2] and version == 3
+    assert sorted(r["id"] for r in read_delta_table(str(table)).to_pylist()) == [1, 2, 3]
+
+
+def test_a_merge_write_whose_columns_the_table_has_already_commits_through_delta_rs(table):
+    first = apply_table_write(new_column_write(table), app_id=APP, app_version=0,
+                              txn_id="txn-1", commit_ts=7)
+    second = dataclasses.replace(new_column_write(table, "txn-2"))
+    version = apply_table_write(second, app_id=APP, app_version=1, txn_id="txn-2", commit_ts=8)
+    assert (first, version) == (2, 3)
+    text = (table / "_delta_log" / f"{version:020d}.json").read_text()
+    assert '"metaData"' not in text
+
+
+def test_log_paths_are_encoded_as_delta_rs_encodes_them(tmp_path):
+    name = "p=a b%/x:y#1.parquet"
+    root = tmp_path / "enc"
+    write_deltalake(str(root), pa.table({"id": pa.array([1], pa.int64())}))
+    (root / "p=a b%").mkdir()
+    pq.write_table(pa.table({"id": pa.array([2], pa.int64())}), root / "p=a b%" / "x:y#1.parquet")
+    DeltaTable(str(root)).create_write_transaction(
+        [delta_commit.AddAction(name, 1, {}, 0, True, "{}")], "append",
+        DeltaTable(str(root)).schema())
+    logged = [json.loads(line) for line in
+              (root / "_delta_log" / f"{1:020d}.json").read_text().splitlines()]
+    assert [a["add"]["path"] for a in logged if "add" in a] == [log_entry.log_path(name)]
+
+
+def test_merge_schema_and_the_catalog_name_survive_the_record_and_the_wire(table):
+    write = dataclasses.replace(new_column_write(table), catalog_name="sales.orders")
+    assert TableWriteRecord.from_json(json.loads(write.json_text)) == write
+    assert codec.table_write_from_pb(codec.table_write_to_pb(write)) == write
+    plain = new_column_write(table, merge=False)
+    assert "merge_schema" not in plain.to_json() and "catalog_name" not in plain.to_json()
+    with pytest.raises(InvalidArgument, match="catalog_name"):
+        check_table_write(dataclasses.replace(write, catalog_name="x" * 2000), "txn-1", 1 << 20)
+
+
+# ---------------------------------------------------------------- the source's new columns
+
+
+def test_the_source_refuses_a_file_with_columns_added_upstream_unless_told_to_ignore(tmp_path):
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "currency": ["EUR"]}), path)
+    partition = FilePartition("file:///lake/t", 4, DataFile(str(path), path.stat().st_size, ()))
+    started_with = pa.schema([("id", pa.int64())])
+    with pytest.raises(UpstreamSchemaChanged, match=r"\['currency'\].*Restart the query.*"
+                                                    r"new_columns"):
+        list(read_file(partition, started_with))
+    rows = [b.to_pylist() for b in read_file(partition, started_with, ignore_new_columns=True)]
+    assert rows == [[{"id": 1}]]
+
+
+def test_names_and_paths_are_told_apart_and_the_source_refuses_a_name_saying_what_to_do():
+    for name in ("orders", "sales.orders", "spark_catalog.sales.orders", "`my db`.`t-1`"):
+        assert is_table_name(name), name
+    for path in ("/lake/orders", "file:///lake/o", "s3://bucket/o", "s3a://b/o", "lake/o",
+                 "a.b.c.d"):
+        assert not is_table_name(path), path
+    assert resolve_table(None, "/lake/orders") == "/lake/orders"
+    with pytest.raises(UnknownTable, match="'sales.orders'"):
+        resolve_table(None, "sales.orders")
+    with pytest.raises(ValueError, match=r"resolve_table\(spark, 'sales.orders'\)"):
+        SourceOptions.of({"path": "sales.orders", "coordinator": "h:1", "pipeline": "p"})
