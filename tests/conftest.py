@@ -34,6 +34,73 @@ from coordinator.launcher import DaemonProcess  # noqa: E402
 from percolake.credentials import ClientSecurity  # noqa: E402
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
+# ---------------------------------------------------------------- parallel runs (pytest-xdist)
+
+# Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker, one
+# test after another. Spark runs in two lanes: the tests of the one local SparkSession, and the
+# tests that run Spark drivers as child processes or use the standalone cluster (each driver a
+# JVM: more of them at once than the two lanes only fight over the cores). The tests of a
+# module that use a module-scoped fixture (a daemon) share a worker too; every other test goes
+# to whichever worker is free.
+SPARK_SESSION_GROUP = "spark-session"
+SPARK_DRIVERS_GROUP = "spark-drivers"
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values())
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group of a test, None for one that may run on any worker (see above)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "spark" in fixtures:
+        return SPARK_SESSION_GROUP
+    if "spark_cluster" in fixtures or (item.get_closest_marker("spark")
+                                       and item.get_closest_marker("slow")):
+        return SPARK_DRIVERS_GROUP
+    if _uses_module_fixture(item):
+        return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return None
+
+
+def _start_rank(item: pytest.Item) -> int:
+    """Longest first, so that no worker is left with a long test at the end: the two Spark
+    lanes, other slow tests, groups, then the rest."""
+    group = xdist_group_of(item)
+    if group in (SPARK_DRIVERS_GROUP, SPARK_SESSION_GROUP):
+        return 0
+    if item.get_closest_marker("slow"):
+        return 1
+    return 2 if group else 3
+
+
+def _tag_node_id(item: pytest.Item, group: str) -> None:
+    """xdist schedules a group by an ``@group`` suffix of the node id, which xdist 3.8 writes
+    where pytest 8 kept the id (``_nodeid``); pytest 9 keeps it in ``_id``: written here."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest 8: xdist's own hook does it
+        return
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a worker has xdist's ``loadgroup`` flag (its ``dist`` is "no"); a run without -n neither
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        group = xdist_group_of(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+            _tag_node_id(item, group)
+    # with --no-loadscope-reorder the groups are handed out in this order (a stable sort: the
+    # same on every worker, as xdist requires)
+    items.sort(key=_start_rank)
+
 
 class Daemon(DaemonProcess):
     """A coordinator child process that knows its warehouse root and has a stub ready."""

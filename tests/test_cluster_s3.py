@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(600)]
 
 K = 3
 TABLES = 3
-BATCHES = 10
+BATCHES = 6
 
 
 @pytest.fixture(scope="module")
@@ -62,26 +62,42 @@ def _assert_clean(outcome: scenarios.Outcome, cluster, tmp_path: Path) -> None: 
                     f"scenario files in {tmp_path}")
 
 
-def test_bank_workload_on_a_spark_cluster_lands_every_batch_once_in_every_s3_table(
+def test_bank_workload_on_a_spark_cluster_through_c2_and_c7_lands_every_batch_once_in_s3(
         tmp_path, on_cluster_s3, spark_cluster, spark_reader, moto_server,  # noqa: ANN001
         s3_bucket):
-    """Ten batches of the bank workload, three tables on S3, the driver's executors on the
-    cluster's workers: every batch is in every table exactly once, by value, in exactly one
-    Delta version (I2, I4), delta-spark reads every version with exactly deltalake's rows, and
-    every snapshot read taken while the job ran was consistent across the three tables (I1)."""
+    """The bank workload, three tables on S3, every driver's executors on the cluster's
+    workers. A driver dies at C2 in batch 0 (mid-prewrite, after the second table's files
+    reached S3), the next at C7 in batch 1 (after one table's Delta commit); a last driver
+    replays batch 1 and runs the rest while a snapshot reader reads. C2's attempt is aborted
+    and its objects deleted (I3), its batch written again; C7's batch is finished without the
+    user's function running again (I2, I4). Every batch is in every table exactly once, by
+    value, in exactly one Delta version (I2, I4), delta-spark reads every version with exactly
+    deltalake's rows, and every snapshot read taken while the job ran was consistent across
+    the three tables (I1)."""
+    points = ["C2", "C7"]
     apps_before = {a["id"] for a in _apps(spark_cluster)}
-    outcome = scenarios.clean_run(tmp_path, batches=BATCHES, k=K, **on_cluster_s3)
+    outcome = scenarios.driver_crash_chain(tmp_path, points, k=K,
+                                           more_batches=BATCHES - len(points) - 1,
+                                           **on_cluster_s3)
     _assert_clean(outcome, spark_cluster, tmp_path)
+    crashes = {c["point"]: c for c in outcome.notes["crashes"]}
+    committed = {point: c["committed_before_replay"] for point, c in crashes.items()}
+    assert committed == {"C2": False, "C7": True}, outcome.notes
+    # C2 died with two tables' files in the bucket; the checker found none left (I3).
+    assert crashes["C2"]["uncommitted_files_after_crash"] >= 2, outcome.notes
     report = outcome.report
+    assert report.aborted >= 1, outcome.summary()  # C2's attempt
     assert report.batches_verified == BATCHES, outcome.summary()
     assert report.versions_checked == BATCHES * TABLES, outcome.summary()
     assert report.spark_versions_checked == BATCHES * TABLES, outcome.summary()
     assert report.snapshot_reads_checked >= 3, outcome.summary()
     assert outcome.notes["distinct_snapshots_read"] >= 3, outcome.notes  # read while it ran
-    # The job ran on the cluster (an application with executors on both workers) ...
-    apps = [a for a in _apps(spark_cluster) if a["id"] not in apps_before]
-    assert [a["name"] for a in apps] == ["percolake-crash"], apps
-    assert apps[0]["cores"] == spark_cluster.cores, apps
+    # Every driver ran on the cluster; the last one (that ran most batches) as an application
+    # with executors on both workers ...
+    apps = sorted((a for a in _apps(spark_cluster) if a["id"] not in apps_before),
+                  key=lambda a: a["starttime"])
+    assert [a["name"] for a in apps] == ["percolake-crash"] * (len(points) + 1), apps
+    assert apps[-1]["cores"] == spark_cluster.cores, apps
     # ... and the tables are in the bucket: each batch's files under its attempt's prefix.
     keys = moto_server.keys(s3_bucket, "lake/")
     for table in ("debits", "credits", "balances"):
@@ -110,26 +126,6 @@ def test_bank_workload_on_a_spark_cluster_lands_every_batch_once_in_every_s3_tab
     assert "balances v1: delta-spark reads 4 rows, deltalake's files hold 5" \
         in damaged.violations[0], damaged.violations
     assert "balances v2:" in damaged.violations[1], damaged.violations
-
-
-def test_driver_dies_at_c2_c6_c7_on_a_cluster_with_s3_tables_each_batch_lands_once(
-        tmp_path, on_cluster_s3, spark_cluster):  # noqa: ANN001
-    """Cluster drivers die one after another at C2 (mid-prewrite, after the second table's
-    files reached S3), C6 (after the commit reply, before any Delta commit) and C7 (after one
-    table's Delta commit), each in its own batch; a last driver finishes. C2's attempt is
-    aborted and its objects deleted (I3), its batch written again; C6's and C7's batches are
-    rolled forward or finished without the user's function running again (I2, I4). Every
-    version reads the same through delta-spark and deltalake."""
-    outcome = scenarios.driver_crash_chain(tmp_path, ["C2", "C6", "C7"], k=K, **on_cluster_s3)
-    _assert_clean(outcome, spark_cluster, tmp_path)
-    crashes = {c["point"]: c for c in outcome.notes["crashes"]}
-    committed = {point: c["committed_before_replay"] for point, c in crashes.items()}
-    assert committed == {"C2": False, "C6": True, "C7": True}, outcome.notes
-    # C2 died with two tables' files in the bucket; the checker found none left (I3).
-    assert crashes["C2"]["uncommitted_files_after_crash"] >= 2, outcome.notes
-    assert outcome.report.aborted >= 1, outcome.summary()  # C2's attempt
-    assert outcome.report.batches_verified == 4, outcome.summary()
-    assert outcome.report.spark_versions_checked == outcome.report.versions_checked > 0
 
 
 def test_coordinator_killed_after_a_durable_commit_c5_and_at_random_c9_under_a_cluster_driver(

@@ -182,13 +182,18 @@ class Scenario:
             self.daemon.kill()
             return True
 
-    def watch_coordinator(self) -> None:
-        """Restarts the coordinator (failpoints off) whenever it dies, until ``stop_watch``."""
+    def watch_coordinator(self, armed: list[str] | None = None) -> None:
+        """Restarts the coordinator whenever it dies, until ``stop_watch``: the n-th restart
+        with failpoints ``armed[n]``, those past the list with failpoints off."""
+        pending = list(armed or [])
 
         def loop() -> None:
             while not self._watch_stop.wait(0.05):
                 if not self.daemon.is_running():
-                    self.restart_coordinator()
+                    try:
+                        self.restart_coordinator(pending.pop(0) if pending else "")
+                    except RuntimeError:  # it died before it was seen serving (its armed
+                        self.coordinator_restarts += 1  # failpoint): the next turn restarts it
 
         self._watch_stop.clear()
         self._watch = threading.Thread(target=loop, name="coordinator-watch", daemon=True)

@@ -135,12 +135,14 @@ def _batch_in_table(path: str, batch: int, sc: Scenario) -> bool:
 
 def coordinator_crash(root: Path, point: str, failpoint: str, batches: int = 3,
                       k: int = 3, sigkills: int = 0, rng: random.Random | None = None,
-                      **scenario: Any) -> Outcome:
+                      then: str = "", **scenario: Any) -> Outcome:
     """C4/C5: the coordinator dies at ``failpoint`` during the commit of batch 1; it is
     restarted (same data dir and port) while the driver keeps running on its retries.
 
-    With ``sigkills`` it is then also SIGKILLed that many times more at random moments while
-    the driver runs (C9's kills, under a real driver), each time restarted at once."""
+    With ``then`` (another commit failpoint) the restarted coordinator dies at it on its first
+    commit (the retried one, or the next batch's) and is restarted again, failpoints off. With
+    ``sigkills`` it is then also SIGKILLed that many times more at random moments while the
+    driver runs (C9's kills, under a real driver), each time restarted at once."""
     rng = rng or random.Random(0)
     sc = Scenario(root, k=k, **scenario)
     try:
@@ -148,12 +150,13 @@ def coordinator_crash(root: Path, point: str, failpoint: str, batches: int = 3,
         sc.add_input(batches)
         sc.start_reader()
         first_pid = sc.daemon.process.pid
-        sc.watch_coordinator()
+        sc.watch_coordinator([f"{then}=1*exit"] if then else [])
         driver = sc.start_driver()
         kills = 0
         if sigkills:
-            wait_for(lambda: sc.coordinator_restarts >= 1 or driver.returncode is not None,
-                     240, f"the coordinator's death at {failpoint}")
+            deaths = 2 if then else 1
+            wait_for(lambda: sc.coordinator_restarts >= deaths or driver.returncode is not None,
+                     240, f"the coordinator's deaths at {failpoint} {then}")
             while kills < sigkills and driver.returncode is None:
                 time.sleep(rng.uniform(0.5, 3.0))
                 if driver.returncode is None and sc.sigkill_coordinator():
@@ -165,8 +168,12 @@ def coordinator_crash(root: Path, point: str, failpoint: str, batches: int = 3,
                                  "driver_rc": run.returncode, "sigkills": kills}
         log = (sc.root / "coordinator.log").read_text(errors="replace")
         report = Report()
-        if sc.coordinator_restarts < 1 or f"failpoint {failpoint}" not in log:
-            raise AssertionError(f"coordinator never died at {failpoint} (pid {first_pid}):\n"
+        for name in filter(None, (failpoint, then)):
+            if f"failpoint {name}" not in log:
+                raise AssertionError(f"coordinator never died at {name} (first pid "
+                                     f"{first_pid}):\n{sc.daemon.log_tail()}")
+        if sc.coordinator_restarts < (2 if then else 1):
+            raise AssertionError(f"coordinator restarted {sc.coordinator_restarts} times:\n"
                                  f"{sc.daemon.log_tail()}")
         if run.returncode != 0:
             report.add("I4", f"{point}: the driver did not survive the coordinator restart "
@@ -465,31 +472,54 @@ def _driver_point(point: str) -> Callable[..., Outcome]:
     return run
 
 
-def driver_crash_chain(root: Path, points: list[str], k: int = 3, **scenario: Any) -> Outcome:
-    """Driver crash points one after another on one pipeline (the fast mode's C1-C3, C6-C8):
+# Chain points beside DRIVER_POINTS's (which die at their second hit of a batch, if it has two):
+# "C2-first" dies as the first of a batch's concurrent table writes has its files, the other
+# two write jobs submitted beside it.
+CHAIN_HITS: dict[str, tuple[str, int]] = {"C2-first": ("mid-prewrite", 1)}
+
+
+def _chain_failpoint(point: str, batch: int) -> tuple[str, str]:
+    """The failpoint name and spec that kill a chain's driver at ``point`` in ``batch``."""
+    if point in CHAIN_HITS:
+        failpoint, nth = CHAIN_HITS[point]
+    else:
+        failpoint, per_batch, _ = DRIVER_POINTS[point]
+        nth = min(2, per_batch)
+    return failpoint, f"{failpoint}={nth}*exit@{batch}"
+
+
+def driver_crash_chain(root: Path, points: list[str], k: int = 3, more_batches: int = 0,
+                       **scenario: Any) -> Outcome:
+    """Driver crash points one after another on one pipeline (the fast mode's C1-C3, C6-C8r):
     the driver started after the crash in batch ``n - 1`` replays that batch and dies at
-    ``points[n]`` in batch ``n``; a last driver finishes every batch. Per point the notes hold
-    the crashed batch's states right after the crash and whether the next driver ran the
-    user's function for it again, which it must not do for a committed batch (I2)."""
+    ``points[n]`` in batch ``n``; a last driver finishes every batch, ``more_batches`` more
+    than the crashes' while the snapshot reader reads. Per point the notes hold the crashed
+    batch's states right after the crash and after the last driver, the tables holding it right
+    after the crash, and whether the next driver ran the user's function for it again, which it
+    must not do for a committed batch (I2)."""
     sc = Scenario(root, k=k, **scenario)
     try:
         sc.start_coordinator()
-        sc.add_input(len(points) + 1)
+        sc.add_input(len(points) + 1 + more_batches)
         sc.start_reader()
         report = Report()
         crashes: list[dict[str, Any]] = []
         for batch, point in enumerate(points):
-            failpoint, per_batch, _ = DRIVER_POINTS[point]
-            spec = f"{failpoint}={min(2, per_batch)}*exit@{batch}"
+            failpoint, spec = _chain_failpoint(point, batch)
             run = _expect_crash(sc, spec, failpoint)
             if crashes:
                 crashes[-1]["next_run_user_fn"] = run.user_fn_batches()
             crashes.append({"point": point, "batch": batch, "failpoints": spec,
                             "states_after_crash": _batch_state(sc, batch),
+                            "tables_with_crashed_batch": sorted(
+                                t.name for t in sc.tables() if _batch_in_table(t.path, batch, sc)),
                             "uncommitted_files_after_crash": _uncommitted_files(sc, batch)})
+        started = time.monotonic()
         recovery = sc.run_driver()
+        driven = time.monotonic()
         crashes[-1]["next_run_user_fn"] = recovery.user_fn_batches()
         for crash in crashes:
+            crash["states_after_recovery"] = _batch_state(sc, crash["batch"])
             committed = any(s in ("COMMITTED", "APPLIED") for s in crash["states_after_crash"])
             crash["committed_before_replay"] = committed
             if committed == (crash["batch"] in crash["next_run_user_fn"]):
@@ -499,8 +529,13 @@ def driver_crash_chain(root: Path, points: list[str], k: int = 3, **scenario: An
                            f"{crash['next_run_user_fn']}")
         sc.wait_reader_observations(3)
         sc.stop_reader()
+        seen = {tuple(t["version"] for t in o["tables"].values())
+                for o in sc.observations() if "snapshot_ts" in o}
         report.merge(sc.check())
-        return Outcome("+".join(points), report, {"crashes": crashes})
+        return Outcome("+".join(points), report, {
+            "crashes": crashes, "distinct_snapshots_read": len(seen),
+            "recovery_s": round(driven - started, 1),
+            "check_s": round(time.monotonic() - driven, 1)})
     finally:
         sc.close()
 

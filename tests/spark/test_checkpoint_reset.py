@@ -1,7 +1,11 @@
-"""I9 / C11: a deleted checkpoint is refused until an explicit reset; nothing is skipped."""
+"""I9 / C11: a deleted checkpoint is refused until an explicit reset; nothing is skipped.
+
+The one test of C11 with a real query (the crash suite's soak, ``scripts/crash_soak.py``, mixes
+it with driver and coordinator kills)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
@@ -59,12 +63,22 @@ def test_deleted_checkpoint_is_refused_until_reset_then_every_batch_lands(
     assert "FAILED_PRECONDITION" in message or "query id" in message
     assert "reset-pipeline" in message and "--generation 0" in message
     assert {t: sorted(map(str, rows(lake / t))) for t in ("left", "right")} == before
+    # the refused query left no live attempt behind
+    assert all(t.state == pb.ABORTED for t in transactions(stub, pipeline)
+               if t.state not in (pb.COMMITTED, pb.APPLIED))
 
-    reset = subprocess.run(
-        [sys.executable, "-m", "coordinator", "reset-pipeline", "--target", lake_daemon.target,
-         "--pipeline", pipeline, "--generation", "0", "--reason", "checkpoint deleted in test"],
-        capture_output=True, text=True, timeout=60)
-    assert reset.returncode == 0, reset.stderr
+    def reset_pipeline() -> dict:
+        reset = subprocess.run(
+            [sys.executable, "-m", "coordinator", "reset-pipeline", "--target",
+             lake_daemon.target, "--pipeline", pipeline, "--generation", "0", "--reason",
+             "checkpoint deleted in test"], capture_output=True, text=True, timeout=60)
+        assert reset.returncode == 0, reset.stderr
+        return json.loads(reset.stdout)
+
+    # the reset makes generation 1; the same reset repeated (a lost answer) changes nothing
+    first, again = reset_pipeline(), reset_pipeline()
+    assert (first["generation"], first["changed"]) == (1, True), first
+    assert (again["generation"], again["changed"]) == (1, False), again
     shutil.rmtree(tmp_path / "ck", ignore_errors=True)
     run_with(spark, Participant(lake_daemon.target, pipeline_id=pipeline), lake, calls,
               tmp_path / "ck",

@@ -302,7 +302,7 @@ def test_a_downstream_query_reads_barrier_ranges_exactly_and_replays_them(
     root_ck, ledger_ck = tmp_path / "root-ck", tmp_path / "ledger-ck"
     root = Participant(topo_daemon.target, f"bank-{lake.name}", checkpoint_location=str(root_ck))
     run_until(spark, root, root_writer(lake), root_ck,
-              lambda: len(committed_batches(stub, root.pipeline_id)) >= 5,
+              lambda: len(committed_batches(stub, root.pipeline_id)) >= 3,
               rows_per_batch=ROOT_ROWS)
     roots = committed_batches(stub, root.pipeline_id)
     print(f"{time.strftime('%X')} root committed {sorted(roots)}")

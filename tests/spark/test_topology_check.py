@@ -68,12 +68,16 @@ class Driver:
         self.process.wait()
 
     def stop(self, timeout_s: float = 120) -> int:
-        self.stop_file.touch()
+        """Asks the driver to stop its query (``request_stop``), waits for its exit code."""
+        self.request_stop()
         try:
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             return -9
+
+    def request_stop(self) -> None:
+        self.stop_file.touch()
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -298,5 +302,7 @@ def test_topology_reads_hold_across_sigkills_of_each_driver_and_the_coordinator(
     barriers = [committed[b] for b in sorted(committed)]
     assert barriers == sorted(set(barriers)) and all(barriers), barriers
     assert final.ledger.rows == 2 * run.inputs * K, final.describe()
+    for role in ("root", "ledger"):  # both stop at once
+        run.current[role].request_stop()
     for role in ("root", "ledger"):
         assert run.current[role].stop() == 0, run.current[role].log_tail()
