@@ -199,3 +199,28 @@ def test_a_reads_changes_from_before_its_transition_are_never_read_below_it(lake
     assert (plan.after_barrier, plan.barrier, plan.has_changes) == (0, g(13), True)
     assert ts(10_300) <= lake.core.get_table_changes(rates, 0, g(13)).changes[0].barrier < g(11)
     assert _changes(lake, events, g(12), g(13)) == [lake.last_txn.txn_id]
+
+
+def test_a_plan_remembered_before_a_read_was_gained_never_outruns_the_new_source(lake):
+    """audit's plan (events up to G11) is remembered, its batch not committed; then audit gains
+    a read of labels, whose writer became downstream and has not caught up (labels completed
+    below G11). audit's next plan ends no higher than what labels completed, so every source's
+    range of it is readable (found by the topology model's soak: GetTableChanges refused)."""
+    events, rates, labels = lake.table("events"), lake.table("rates"), lake.table("labels")
+    lake.at(10_100)
+    lake.commit("fx", [rates])
+    lake.at(10_150)
+    lake.commit("enrich", [labels])
+    lake.at(10_200)
+    lake.commit("bank", [events])
+    lake.core.register_reads("enrich", [rates], None)  # labels now waits for enrich's batch
+    lake.at(13_300)
+    lake.core.register_reads("audit", [events], None)
+    first = lake.core.plan_barrier("audit", 0, None)
+    assert (first.barrier, first.has_changes) == (g(11), True)  # remembered, not committed
+    lake.core.register_reads("audit", [labels], None)
+    assert lake.completed(labels) < g(11)
+    plan = lake.core.plan_barrier("audit", 0, None)
+    assert plan.barrier <= lake.completed(labels), plan
+    for source in (events, labels):
+        lake.core.get_table_changes(source, plan.after_barrier, plan.barrier)

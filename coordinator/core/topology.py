@@ -398,7 +398,7 @@ class Topology(CoreState):
                              and after >= input_start else input_start)
             known = self._known_plan(pipeline_id, record, current, after_barrier,
                                      planning_round)
-        if known is not None:
+        if known is not None and self._sources_completed(view, sources, known[0]):
             return self._repeated(view, pipeline_id, current, start, after_barrier, known)
         change, before_transition = view.first_change_for(pipeline_id, after_barrier)
         barrier, has_changes = next_barrier(
@@ -417,7 +417,8 @@ class Topology(CoreState):
             persisted = known is None and self._keep_plan(
                 pipeline_id, record, current, after_barrier, input_start, planning_round,
                 barrier, has_changes)
-        if known is not None:  # another source of the round (or a retry) was first
+        if known is not None and self._sources_completed(view, sources, known[0]):
+            # another source of the round (or a retry) was first
             return self._repeated(view, pipeline_id, current, start, after_barrier, known)
         if persisted and barrier > after_barrier:
             self.wait_durable()
@@ -425,6 +426,13 @@ class Topology(CoreState):
             log.info("barrier planned", extra={"pipeline_id": pipeline_id, "generation": current,
                                                "after": after_barrier, "barrier": barrier})
         return BarrierPlan(current, start, after_barrier, barrier, has_changes)
+
+    @staticmethod
+    def _sources_completed(view: Completion, sources: Iterable[str], barrier: int) -> bool:
+        """Whether every table the pipeline reads now completed ``barrier``: a remembered
+        plan is repeated only then. A read gained after it was planned (its source lagging)
+        makes it stale: its range of that source is not final, so it is planned afresh."""
+        return all((c := view.completed(s)) is not None and c >= barrier for s in sources)
 
     @staticmethod
     def _repeated(view: Completion, pipeline_id: str, generation: int, start: int,
