@@ -35,10 +35,7 @@ def now_ms() -> int:
 
 def iso_time(unix_ms: int) -> str:
     """UTC ISO 8601 with milliseconds, or "" for 0 (never)."""
-    if not unix_ms:
-        return ""
-    when = dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
+    return utc_time(unix_ms) if unix_ms else ""
 
 
 def ts_time(ts: int) -> str:

@@ -46,6 +46,7 @@ from percolake.barriers import LOGICAL_BITS, first_barrier_at_or_above, is_globa
 from percolake.errors import FailedPrecondition
 from percolake.lake.delta_commit import TableLayout, VersionFiles
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from tests.test_topology_barriers import Clock  # the oracle's wall clock, moved by the model
 
 INTERVAL_MS = 1000
 PIPELINES = ("p0", "p1", "p2", "p3")
@@ -55,16 +56,6 @@ SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,
 
 def barrier(seconds: int) -> int:
     return (seconds * INTERVAL_MS) << LOGICAL_BITS
-
-
-class Clock:
-    """The oracle's wall clock (ms), moved by the model only."""
-
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 class FakeDelta:

@@ -15,17 +15,19 @@ from typing import Any
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
 from coordinator.oracle import LOGICAL_BITS
-from coordinator.views import UNFINISHED, duration, find_hanging, pipeline_json, txn_json
-from coordinator.views import age_text as _age
-from coordinator.views import now_ms as _now_ms
-from coordinator.views import ts_time as _ts_time
+from coordinator.views import (
+    UNFINISHED,
+    age_text,
+    duration,
+    find_hanging,
+    now_ms,
+    pipeline_json,
+    ts_time,
+    txn_json,
+)
 from percolake.v1 import coordinator_pb2 as pb
 
 STATES = ("OPEN", "PREWRITTEN", "COMMITTED", "APPLIED", "ABORTED")
-
-
-class Refused(Exception):
-    """The coordinator answered with an error status."""
 
 
 def as_of(text: str) -> int:
@@ -168,7 +170,7 @@ def _list(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
         pipeline_id=args.pipeline, states=[pb.TransactionState.Value(s) for s in args.state or []],
         page_size=min(args.limit, 1000))
     if args.older_than is not None:
-        request.created_before_unix_ms = max(1, _now_ms() - int(args.older_than * 1000))
+        request.created_before_unix_ms = max(1, now_ms() - int(args.older_than * 1000))
     txns = [txn_json(t) for t in _transactions(call, request, args.limit)]
     return txns, _txn_table(txns) if txns else "no transactions"
 
@@ -199,7 +201,7 @@ def _find_hanging(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
         every = unfinished
     hanging = find_hanging(unfinished, every, args.older_than)
     if not hanging:
-        return hanging, f"no transaction unfinished for longer than {_age(args.older_than)}"
+        return hanging, f"no transaction unfinished for longer than {age_text(args.older_than)}"
     rows = []
     for txn in hanging:
         wait = txn["waiting_for"]
@@ -207,7 +209,7 @@ def _find_hanging(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
             f"{wait['holder_txn_id']} ({wait['holder_pipeline_id']}, {wait['holder_state']})"
             if wait["holder_txn_id"] else "(released)")
         rows.append([txn["txn_id"], txn["pipeline_id"], str(txn["batch_id"]), txn["state"],
-                     _age(txn["age_s"]), ", ".join(t["table"] for t in txn["tables"]),
+                     age_text(txn["age_s"]), ", ".join(t["table"] for t in txn["tables"]),
                      wait["table"] if wait else "", holder])
     return hanging, _table(["TXN_ID", "PIPELINE", "BATCH", "STATE", "AGE", "HOLDS",
                             "WAITING FOR", "HELD BY"], rows)
@@ -229,7 +231,7 @@ def _pipelines_list(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
          "SINCE"],
         [[p["pipeline_id"], str(p["generation"]), str(p["epoch"]), p["query_id"],
           _opt(p["last_committed_batch_id"]), p["last_commit"],
-          _age(p["seconds_since_last_commit"])] for p in pipelines])
+          age_text(p["seconds_since_last_commit"])] for p in pipelines])
 
 
 def _pipelines_describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
@@ -252,12 +254,12 @@ def _pipelines_describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]
              f"created             {pipeline['created']}",
              f"last batch          {_opt(pipeline['last_committed_batch_id']) or '(none)'}",
              f"last commit         {pipeline['last_commit'] or '(never)'}"
-             + (f" ({_age(pipeline['seconds_since_last_commit'])} ago)"
+             + (f" ({age_text(pipeline['seconds_since_last_commit'])} ago)"
                 if pipeline["last_commit"] else ""),
              f"tables              {', '.join(tables) or '(none)'}"]
     lines.append("live attempts       " + ("(none)" if not live else ", ".join(
         f"{t['txn_id']} batch {t['batch_id']} attempt {t['attempt']} {t['state']} "
-        f"age {_age(t['age_s'])}" for t in live)))
+        f"age {age_text(t['age_s'])}" for t in live)))
     for reset in pipeline["resets"]:
         lines.append(f"reset               generation {reset['from_generation']} -> "
                      f"{reset['to_generation']} at {reset['reset']}: {reset['reason']}")
@@ -272,7 +274,7 @@ def _snapshot(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
     elif args.as_of is not None:
         request.as_of_ts = args.as_of
     reply = call("GetSnapshot", request)
-    result = {"snapshot_ts": reply.snapshot_ts, "snapshot_time": _ts_time(reply.snapshot_ts),
+    result = {"snapshot_ts": reply.snapshot_ts, "snapshot_time": ts_time(reply.snapshot_ts),
               "consistency": args.consistency,
               "tables": [{"table": t.table, "canonical_table": t.canonical_table,
                           "exists": t.exists,
@@ -319,7 +321,7 @@ def _txn_table(txns: list[dict[str, Any]]) -> str:
         ["TXN_ID", "PIPELINE", "GEN", "BATCH", "ATTEMPT", "STATE", "AGE", "CREATED (UTC)",
          "TABLES"],
         [[t["txn_id"], t["pipeline_id"], str(t["generation"]), str(t["batch_id"]),
-          str(t["attempt"]), t["state"], _age(t["age_s"]), t["created"],
+          str(t["attempt"]), t["state"], age_text(t["age_s"]), t["created"],
           str(len(t["tables"]))] for t in txns])
 
 
@@ -330,7 +332,7 @@ def _txn_details(txn: dict[str, Any]) -> str:
         ("batch", txn["batch_id"]), ("attempt", txn["attempt"]), ("epoch", txn["epoch"]),
         ("query id", txn["query_id"] or "(none)"), ("principal", txn["principal"] or "(none)"),
         ("created", txn["created"]), ("updated", txn["updated"]),
-        ("age", _age(txn["age_s"])), ("start_ts", txn["start_ts"]),
+        ("age", age_text(txn["age_s"])), ("start_ts", txn["start_ts"]),
         ("commit_ts", f"{txn['commit_ts']} ({txn['committed']})" if txn["commit_ts"]
          else "(not committed)"),
     )]
