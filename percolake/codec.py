@@ -86,6 +86,7 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         read_version=msg.read_version if msg.mode == pb.ROW_LEVEL else -1,
         operation=msg.operation,
         operation_metrics=msg.operation_metrics,
+        data_change=not (msg.mode == pb.ROW_LEVEL and msg.rearranges_only),
     )
 
 
@@ -109,6 +110,7 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         msg.read_version = write.read_version
         msg.operation = write.operation
         msg.operation_metrics = write.operation_metrics
+        msg.rearranges_only = not write.data_change
     return msg
 
 

@@ -74,6 +74,8 @@ class TableWriteRecord:
     read_version: int = -1
     operation: str = ""
     operation_metrics: str = ""
+    # ROW_LEVEL only: False when the write only rearranges rows (OPTIMIZE: Delta's dataChange)
+    data_change: bool = True
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -83,6 +85,7 @@ class TableWriteRecord:
             "read_version": self.read_version,
             "operation": self.operation,
             "operation_metrics": self.operation_metrics,
+            "data_change": self.data_change,
         }
         data = {
             "table": self.table,
@@ -124,6 +127,7 @@ class TableWriteRecord:
             read_version=data.get("read_version", -1),
             operation=data.get("operation", ""),
             operation_metrics=data.get("operation_metrics", ""),
+            data_change=bool(data.get("data_change", True)),
         )
 
     def row_count(self) -> int:
