@@ -323,18 +323,21 @@ def _credential_needed(access: http_serving.HttpAccess) -> str:
 
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
     """Builds a core on a store: loads pipelines, unfinished transactions, the oracle mark."""
-    from percolake.lake.delta_commit import (  # deltalake loads only to serve
-        apply_table_write,
-        is_commit_of,
-    )
-    from percolake.lake.write_check import WriteChecker
+    from percolake.lake.delta_commit import apply_table_write  # deltalake loads only to serve
+    from percolake.lake.table_cache import TableCache
+    from percolake.lake.write_check import LayoutCache, WriteChecker
 
-    applier = functools.partial(apply_table_write, roots=config.warehouse_roots)
-    checker = WriteChecker(roots=config.warehouse_roots)
+    # Each table's log state is kept across requests and advanced, never reloaded whole: the
+    # reports' entries, the write check's layouts and the roll-forward's delta-rs tables.
+    tables = TableCache()
+    applier = functools.partial(apply_table_write, roots=config.warehouse_roots,
+                                tables=tables.tables)
+    checker = WriteChecker(LayoutCache(tables.entries), roots=config.warehouse_roots)
 
     def build(store: Store) -> TransactionCoordinator:
         return TransactionCoordinator(store, config, applier=applier,
-                                      applied_check=is_commit_of, write_check=checker.check)
+                                      applied_check=tables.entries.is_commit_of,
+                                      write_check=checker.check)
 
     return build
 

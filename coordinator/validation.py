@@ -295,17 +295,19 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
     missing = [c for c in write.partition_by if c not in columns]
     if missing:
         raise InvalidArgument(f"table {write.table}: partition columns {missing} not in schema")
-    _check_files(write, txn_id)
+    rows = _check_files(write, txn_id)
     _check_partitions(write)
     _check_row_level(write, txn_id)
-    size = len(json.dumps(write.to_json()))
+    size = len(write.json_text)  # the encoding the store keeps (encoded once, reused there)
     if size > max_bytes:
         raise ResourceExhausted(
             f"table {write.table}: write intent is {size} bytes, over the limit of {max_bytes}; "
             "write fewer, larger files per batch (it is never truncated)")
+    write.remember_row_count(rows)
 
 
-def _check_files(write: TableWriteRecord, txn_id: str) -> None:
+def _check_files(write: TableWriteRecord, txn_id: str) -> int:
+    """The files' paths, numbers and stats; returns their rows (numRecords added up)."""
     counts = Counter(add.path for add in write.add_files)
     if len(counts) != len(write.add_files):
         twice = sorted(p for p, n in counts.items() if n > 1)[:3]
@@ -328,6 +330,7 @@ def _check_files(write: TableWriteRecord, txn_id: str) -> None:
     if size > MAX_WRITE_BYTES:
         raise InvalidArgument(f"table {write.table}: the files' sizes add up to {size} bytes; "
                               f"at most {MAX_WRITE_BYTES} in one table's write")
+    return rows
 
 
 def _check_file_path(table: str, path: str, prefix: str) -> None:

@@ -137,6 +137,11 @@ class TableWriteRecord:
     def _row_count(self) -> int:  # every reply shows it: parse the stats once
         return sum(f.row_count() for f in self.add_files)
 
+    def remember_row_count(self, rows: int) -> None:
+        """Primes ``row_count`` with the sum the coordinator's validation took from these very
+        stats (numRecords of each file), so they are not parsed a second time."""
+        self.__dict__["_row_count"] = rows
+
 
 @dataclass
 class TableEntry:

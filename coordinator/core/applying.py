@@ -219,9 +219,8 @@ class Applying(CoreState):
         updated.updated_ms = wall_ms()
         with self.store.batch():
             self.store.update_txn(updated)
-            for table in changed:
-                self.store.set_table_commit_version(table, updated.commit_ts,
-                                                    versions[table])
+            self.store.set_table_commit_versions([(table, updated.commit_ts, versions[table])
+                                                  for table in changed])
         self._track(updated)
         self._changed.notify_all()
         return updated

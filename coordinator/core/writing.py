@@ -153,9 +153,9 @@ class Writing(CoreState):
                 pipeline.last_commit_ms = updated.updated_ms
             with self.store.batch():
                 self.store.update_txn(updated)
-                for table in updated.tables:
-                    self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None,
-                                                            txn.input_barrier))
+                self.store.add_table_commits([TableCommit(table, commit_ts, txn_id, None,
+                                                          txn.input_barrier)
+                                              for table in updated.tables])
                 self.store.update_pipeline(pipeline)
             self._pipelines[pipeline.pipeline_id] = pipeline
             if current_generation:
@@ -309,8 +309,10 @@ class Writing(CoreState):
             if table in seen:
                 raise InvalidArgument(f"table {write.table} appears twice in one prewrite")
             seen.add(table)
+            if write.table != table:  # first: the checks' cached encodings stay with it
+                write = dataclasses.replace(write, table=table)
             validation.check_table_write(write, txn_id, self.config.max_intent_bytes)
-            checked.append(dataclasses.replace(write, table=table))
+            checked.append(write)
         return checked
 
     def _check_txn_totals(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:

@@ -252,6 +252,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def set_table_commit_version(self, table: str, commit_ts: int, delta_version: int) -> None: ...
 
+    def add_table_commits(self, commits: Sequence[TableCommit]) -> None:
+        """``add_table_commit`` of each, in one step where the store can (inside a batch)."""
+        for commit in commits:
+            self.add_table_commit(commit)
+
+    def set_table_commit_versions(self, versions: Sequence[tuple[str, int, int]]) -> None:
+        """``set_table_commit_version`` of each (table, commit_ts, delta_version)."""
+        for table, commit_ts, delta_version in versions:
+            self.set_table_commit_version(table, commit_ts, delta_version)
+
     @abc.abstractmethod
     def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
         """The newest commit to ``table`` with commit_ts <= max_commit_ts."""

@@ -14,6 +14,7 @@ Their log entries are read through the object store (one GET each), never listed
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import json
@@ -40,6 +41,7 @@ from percolake.lake.log_entry import (
     remove_action,
 )
 from percolake.lake.schema_evolution import merged_schema
+from percolake.lake.table_cache import DeltaTables
 from percolake.lake.table_features import (
     TableProtocol,
     partition_filters,
@@ -170,12 +172,15 @@ def _stats_values(values: object) -> dict[str, object]:
 
 
 def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int, txn_id: str,
-                      commit_ts: int, roots: Sequence[str] | None = None) -> int:
+                      commit_ts: int, roots: Sequence[str] | None = None,
+                      tables: DeltaTables | None = None) -> int:
     """Idempotently commits the prewritten add actions of ``write`` to its Delta table.
 
     ``roots``: the warehouse roots the table's log must lie below (real paths, checked now);
     with or without them, a symlink on the path to the table's ``_delta_log`` is refused. An
-    object-store table must be named canonically, below an object-store root.
+    object-store table must be named canonically, below an object-store root. ``tables``: the
+    caller's kept delta-rs tables (``table_cache``), advanced incrementally instead of loading
+    the log again; without it the table is loaded for each try.
 
     Returns:
         The Delta version that holds the write (the existing one if it was applied before).
@@ -202,57 +207,75 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
     )
     schema = Schema.from_json(write.schema_json)
     for attempt in range(MAX_ATTEMPTS):
-        table = open_table(write.table)
-        try:
-            if table is None:
-                create_table_with_add_actions(
-                    delta_uri(write.table), schema, _adds(write, {}), mode="error",
-                    partition_by=list(write.partition_by) or None,
-                    commit_properties=properties, storage_options=options or None)
-                return 0
-            done = table.transaction_version(app_id)
-            if done is not None and done >= app_version:
-                return _version_of(table, txn_id, app_id, app_version, write.table)
-            layout = _layout_of(table)
-            refused = refusal(write.table, layout.protocol, write)
-            if refused:
-                raise _apply_refused(write.table, txn_id, refused)
-            if write.mode == WriteMode.ROW_LEVEL:
-                _refuse_changed_since_read(write, txn_id)
-            mode, actions, filters = _write_actions(table, write, layout)
-            evolved = evolved_schema(table, write)
-            if evolved is not None:  # data and new schema in one commit: a log entry of ours
-                if mode != "append":  # the write check refuses this before the commit point
-                    raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
-                                         "table with deletion vectors")
-                if put_entry(write.table, table.version() + 1, _entry_actions(
-                        write, actions, table, evolved, properties)):
-                    table.update_incremental()
-                    return _version_of(table, txn_id, app_id, app_version, write.table)
-                log.info("concurrent Delta commit; re-checking", extra={
-                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
-                time.sleep(min(0.05 * 2**attempt, 1.0))
-                continue
-            table.create_write_transaction(
-                actions, mode, schema if mode == "append" else table.schema(),
-                partition_by=list(write.partition_by) or None, partition_filters=filters,
-                commit_properties=properties)
-            table.update_incremental()
-            return _version_of(table, txn_id, app_id, app_version, write.table)
-        except (DeltaError, TableNotFoundError) as exc:
-            if UNSUPPORTED_FEATURES in str(exc).lower():
-                raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
-            if not _lost_a_race(exc):
-                raise
-            log.info("concurrent Delta commit; re-checking", extra={
-                "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
-            time.sleep(min(0.05 * 2**attempt, 1.0))
-        except OSError as exc:
-            if not options:
-                raise
-            raise storage.storage_error(exc, write.table, "commit to") from None
+        with _table_for_apply(write.table, tables) as table:
+            done, retry = _apply_once(write, table, schema, properties, options, app_id,
+                                      app_version, txn_id, attempt)
+        if not retry:
+            return done
+        time.sleep(min(0.05 * 2**attempt, 1.0))
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
+
+
+def _table_for_apply(table_uri: str, tables: DeltaTables | None
+                     ) -> contextlib.AbstractContextManager[DeltaTable | None]:
+    if tables is None:
+        return contextlib.nullcontext(open_table(table_uri))
+    return tables.lend(table_uri, open_table)
+
+
+def _apply_once(write: TableWriteRecord, table: DeltaTable | None, schema: Schema,
+                properties: CommitProperties, options: dict[str, str], app_id: str,
+                app_version: int, txn_id: str, attempt: int) -> tuple[int, bool]:
+    """One try of ``apply_table_write`` on the table as loaded: (version, False) once the
+    write is in the table, (0, True) when a concurrent commit won and it must be re-checked."""
+    try:
+        if table is None:
+            create_table_with_add_actions(
+                delta_uri(write.table), schema, _adds(write, {}), mode="error",
+                partition_by=list(write.partition_by) or None,
+                commit_properties=properties, storage_options=options or None)
+            return 0, False
+        done = table.transaction_version(app_id)
+        if done is not None and done >= app_version:
+            return _version_of(table, txn_id, app_id, app_version, write.table), False
+        layout = _layout_of(table)
+        refused = refusal(write.table, layout.protocol, write)
+        if refused:
+            raise _apply_refused(write.table, txn_id, refused)
+        if write.mode == WriteMode.ROW_LEVEL:
+            _refuse_changed_since_read(write, txn_id)
+        mode, actions, filters = _write_actions(table, write, layout)
+        evolved = evolved_schema(table, write)
+        if evolved is not None:  # data and new schema in one commit: a log entry of ours
+            if mode != "append":  # the write check refuses this before the commit point
+                raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
+                                     "table with deletion vectors")
+            if put_entry(write.table, table.version() + 1, _entry_actions(
+                    write, actions, table, evolved, properties)):
+                table.update_incremental()
+                return _version_of(table, txn_id, app_id, app_version, write.table), False
+            log.info("concurrent Delta commit; re-checking", extra={
+                "table": write.table, "txn_id": txn_id, "attempt": attempt})
+            return 0, True
+        table.create_write_transaction(
+            actions, mode, schema if mode == "append" else table.schema(),
+            partition_by=list(write.partition_by) or None, partition_filters=filters,
+            commit_properties=properties)
+        table.update_incremental()
+        return _version_of(table, txn_id, app_id, app_version, write.table), False
+    except (DeltaError, TableNotFoundError) as exc:
+        if UNSUPPORTED_FEATURES in str(exc).lower():
+            raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
+        if not _lost_a_race(exc):
+            raise
+        log.info("concurrent Delta commit; re-checking", extra={
+            "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
+        return 0, True
+    except OSError as exc:
+        if not options:
+            raise
+        raise storage.storage_error(exc, write.table, "commit to") from None
 
 
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
@@ -462,10 +485,10 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
 
     Not ``DeltaTable.history()``: it numbers entries from the version the object loaded, so a
     commit landing meanwhile shifts every number. The table stays held until this write is
-    reported applied, so the write is nearly always among the newest commits: read backwards.
-    An object-store table's entries are read one GET each from the loaded version down (no
-    listing of the whole log); a missing entry ends the search (log cleanup removes the
-    oldest first).
+    reported applied, so the write is nearly always among the newest commits: read backwards,
+    one entry at a time from the loaded version down (one GET each on an object store; never a
+    listing of the whole log, whose length grows with the table's age); a missing entry ends
+    the search (log cleanup removes the oldest first).
     """
     if table_uri is not None and is_object_store(table_uri):
         for version in range(table.version(), -1, -1):
@@ -475,23 +498,16 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
             if _names_txn(entry.decode().splitlines(), txn_id):
                 return version
     else:
-        log_dir = commit_file(table.table_uri, 0).parent
-        versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
-                          reverse=True)
-        for version in versions:
-            if _commit_names_txn(commit_file(table.table_uri, version), txn_id):
+        for version in range(table.version(), -1, -1):
+            try:
+                lines = commit_file(table.table_uri, version).read_text().splitlines()
+            except FileNotFoundError:  # cleaned up by log retention: older than ours
+                break
+            if _names_txn(lines, txn_id):
                 return version
     raise AssertionError(
         f"{table_uri or table.table_uri} records app transaction {app_id} >= {app_version} but "
         f"no commit of transaction {txn_id}: written by something other than percolake?")
-
-
-def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
-    try:
-        lines = commit_file.read_text().splitlines()
-    except FileNotFoundError:  # cleaned up by log retention: older than anything we look for
-        return False
-    return _names_txn(lines, txn_id)
 
 
 def _names_txn(lines: list[str], txn_id: str) -> bool:
