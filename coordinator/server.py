@@ -62,7 +62,13 @@ class _Malformed:
 class MalformedRequestInterceptor(grpc.ServerInterceptor):
     """Request bytes that are not a protobuf message of the method's request type (garbage, a
     truncated message, a string field that is not UTF-8) are answered INVALID_ARGUMENT naming
-    the method; grpcio itself would answer INTERNAL. Covers every service of the server."""
+    the method; grpcio itself would answer INTERNAL. Covers every service of the server.
+
+    The checked handler of a method is built once for each handler the inner interceptors
+    return (the same object call after call, but for a refusal of their own)."""
+
+    def __init__(self) -> None:
+        self._checked: dict[str, tuple[Any, Any]] = {}  # method -> (inner, checked) handler
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -70,6 +76,15 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.request_deserializer is None:
             return handler
         method = handler_call_details.method
+        built = self._checked.get(method)
+        if built is not None and built[0] is handler:
+            return built[1]
+        checked_handler = self._checked_handler(handler, method)
+        self._checked[method] = (handler, checked_handler)
+        return checked_handler
+
+    @staticmethod
+    def _checked_handler(handler: Any, method: str) -> Any:
         behavior = (handler.unary_unary or handler.unary_stream or handler.stream_unary
                     or handler.stream_stream)
         checked = (_checked_stream(behavior, method) if handler.request_streaming
