@@ -131,6 +131,7 @@ class SqliteStore(Store):
         self._flushed = threading.Condition(threading.Lock())
         self._wal_fd: int | None = None  # the WAL file, fsynced by flush() (group commit)
         self._db_fd: int | None = None  # the database file, while there is no WAL file
+        self._folder_synced = False
         self.group_commits = 0  # COMMITs that made batches durable (for benchmarks)
         mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
@@ -240,33 +241,33 @@ class SqliteStore(Store):
     def _sync_wal_or_stop(self) -> None:
         """fsyncs the WAL file: every COMMIT made before is on stable storage after it."""
         try:
-            os.fsync(self._wal())
+            fd = self._wal()
+            if not self._folder_synced:  # once: the WAL file's own name is durable too
+                folder = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
+                self._folder_synced = True
+            os.fsync(fd)
         except BaseException as exc:  # what was committed may not be durable: never go on
             _fail_stop(self.path, exc)
             raise
 
     def _wal(self) -> int:
-        """The WAL file's descriptor, opened on first use (with the folder synced once, so the
-        file's own name is durable); the database file's while there is no WAL file."""
+        """The WAL file's descriptor, opened on first use; the database file's while there is
+        no WAL file."""
         if self._wal_fd is not None:
             return self._wal_fd
         with self._lock:  # opened once, whoever syncs first
-            return self._open_wal()
-
-    def _open_wal(self) -> int:
-        if self._wal_fd is None:
-            try:
-                self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY)
-            except FileNotFoundError:  # everything is in the database file
-                if self._db_fd is None:
-                    self._db_fd = os.open(self.path, os.O_RDONLY)
-                return self._db_fd
-            folder = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        return self._wal_fd
+            if self._wal_fd is None:
+                try:
+                    self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+                except FileNotFoundError:  # everything is in the database file
+                    if self._db_fd is None:
+                        self._db_fd = os.open(self.path, os.O_RDONLY)
+                    return self._db_fd
+            return self._wal_fd
 
     def close(self) -> None:
         with self._lock:
