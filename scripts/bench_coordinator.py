@@ -31,7 +31,12 @@ The report ends with the headline: the daemon's CPU per committed transaction (g
 txn/s of the headline path at its best level, beside the bare gRPC limit measured in the same
 run (the echo server's calls/s divided by the path's calls per transaction, and its server
 CPU for that many calls); ``--json`` carries them as ``daemon_cpu_ms_per_txn``,
-``headline_txn_per_s``, ``bare_grpc_txn_per_s`` and ``bare_grpc_cpu_ms_per_txn``.
+``headline_txn_per_s``, ``bare_grpc_txn_per_s`` and ``bare_grpc_cpu_ms_per_txn``. Then issue 33's
+goals, each beside its goal and the baseline measured in this run (``goals`` in ``--json``): the
+daemon's CPU per committed transaction as a multiple of the bare gRPC server's CPU for as many
+calls (goal <= 2), its RPC/s as a share of the bare echo's calls/s (goal >= 0.3), and the
+coordinator's share of a batch at concurrency 1, p99 of the calls a batch waits for (Open,
+Prewrite, Commit; goal <= 5 ms), beside the echo's round trip p99 for as many calls.
 
     python scripts/bench_coordinator.py --quick --json /tmp/coord.json
     python scripts/bench_coordinator.py --quick --store both
