@@ -14,11 +14,11 @@ Their log entries are read through the object store (one GET each), never listed
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import decimal
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -207,75 +207,61 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
     )
     schema = Schema.from_json(write.schema_json)
     for attempt in range(MAX_ATTEMPTS):
-        with _table_for_apply(write.table, tables) as table:
-            done, retry = _apply_once(write, table, schema, properties, options, app_id,
-                                      app_version, txn_id, attempt)
-        if not retry:
-            return done
-        time.sleep(min(0.05 * 2**attempt, 1.0))
+        table = open_table(write.table) if tables is None else tables.take(write.table,
+                                                                           open_table)
+        try:
+            if table is None:
+                create_table_with_add_actions(
+                    delta_uri(write.table), schema, _adds(write, {}), mode="error",
+                    partition_by=list(write.partition_by) or None,
+                    commit_properties=properties, storage_options=options or None)
+                return 0
+            done = table.transaction_version(app_id)
+            if done is not None and done >= app_version:
+                return _version_of(table, txn_id, app_id, app_version, write.table)
+            layout = _layout_of(table)
+            refused = refusal(write.table, layout.protocol, write)
+            if refused:
+                raise _apply_refused(write.table, txn_id, refused)
+            if write.mode == WriteMode.ROW_LEVEL:
+                _refuse_changed_since_read(write, txn_id)
+            mode, actions, filters = _write_actions(table, write, layout)
+            evolved = evolved_schema(table, write)
+            if evolved is not None:  # data and new schema in one commit: a log entry of ours
+                if mode != "append":  # the write check refuses this before the commit point
+                    raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
+                                         "table with deletion vectors")
+                if put_entry(write.table, table.version() + 1, _entry_actions(
+                        write, actions, table, evolved, properties)):
+                    table.update_incremental()
+                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                log.info("concurrent Delta commit; re-checking", extra={
+                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            table.create_write_transaction(
+                actions, mode, schema if mode == "append" else table.schema(),
+                partition_by=list(write.partition_by) or None, partition_filters=filters,
+                commit_properties=properties)
+            table.update_incremental()
+            return _version_of(table, txn_id, app_id, app_version, write.table)
+        except (DeltaError, TableNotFoundError) as exc:
+            if UNSUPPORTED_FEATURES in str(exc).lower():
+                raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
+            if not _lost_a_race(exc):
+                raise
+            log.info("concurrent Delta commit; re-checking", extra={
+                "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+        except OSError as exc:
+            if not options:
+                raise
+            raise storage.storage_error(exc, write.table, "commit to") from None
+        finally:  # kept for the next apply, unless this try raised (its state is unknown)
+            if tables is not None and table is not None and sys.exc_info()[1] is None:
+                tables.keep(write.table, table)
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
-
-
-def _table_for_apply(table_uri: str, tables: DeltaTables | None
-                     ) -> contextlib.AbstractContextManager[DeltaTable | None]:
-    if tables is None:
-        return contextlib.nullcontext(open_table(table_uri))
-    return tables.lend(table_uri, open_table)
-
-
-def _apply_once(write: TableWriteRecord, table: DeltaTable | None, schema: Schema,
-                properties: CommitProperties, options: dict[str, str], app_id: str,
-                app_version: int, txn_id: str, attempt: int) -> tuple[int, bool]:
-    """One try of ``apply_table_write`` on the table as loaded: (version, False) once the
-    write is in the table, (0, True) when a concurrent commit won and it must be re-checked."""
-    try:
-        if table is None:
-            create_table_with_add_actions(
-                delta_uri(write.table), schema, _adds(write, {}), mode="error",
-                partition_by=list(write.partition_by) or None,
-                commit_properties=properties, storage_options=options or None)
-            return 0, False
-        done = table.transaction_version(app_id)
-        if done is not None and done >= app_version:
-            return _version_of(table, txn_id, app_id, app_version, write.table), False
-        layout = _layout_of(table)
-        refused = refusal(write.table, layout.protocol, write)
-        if refused:
-            raise _apply_refused(write.table, txn_id, refused)
-        if write.mode == WriteMode.ROW_LEVEL:
-            _refuse_changed_since_read(write, txn_id)
-        mode, actions, filters = _write_actions(table, write, layout)
-        evolved = evolved_schema(table, write)
-        if evolved is not None:  # data and new schema in one commit: a log entry of ours
-            if mode != "append":  # the write check refuses this before the commit point
-                raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
-                                     "table with deletion vectors")
-            if put_entry(write.table, table.version() + 1, _entry_actions(
-                    write, actions, table, evolved, properties)):
-                table.update_incremental()
-                return _version_of(table, txn_id, app_id, app_version, write.table), False
-            log.info("concurrent Delta commit; re-checking", extra={
-                "table": write.table, "txn_id": txn_id, "attempt": attempt})
-            return 0, True
-        table.create_write_transaction(
-            actions, mode, schema if mode == "append" else table.schema(),
-            partition_by=list(write.partition_by) or None, partition_filters=filters,
-            commit_properties=properties)
-        table.update_incremental()
-        return _version_of(table, txn_id, app_id, app_version, write.table), False
-    except (DeltaError, TableNotFoundError) as exc:
-        if UNSUPPORTED_FEATURES in str(exc).lower():
-            raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
-        if not _lost_a_race(exc):
-            raise
-        log.info("concurrent Delta commit; re-checking", extra={
-            "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
-        return 0, True
-    except OSError as exc:
-        if not options:
-            raise
-        raise storage.storage_error(exc, write.table, "commit to") from None
 
 
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:

@@ -14,7 +14,7 @@ Two caches, both safe to share between threads:
   ``update_incremental`` (which reads only the log entries written since) instead of loading
   the log again from its last checkpoint. A cached table is used only while the log entry of
   the version it holds is still the one it was loaded from (checked as above); otherwise it is
-  loaded again. A table is lent to one caller at a time (``lend``).
+  loaded again. A table is used by one caller at a time (``take``, then ``keep``).
 
 Outside writers: nothing here assumes percolake wrote the log. ``LogEntries.entry`` reports
 whatever file is at a version now; a caller that walks versions upwards until one is missing
@@ -24,13 +24,12 @@ whatever file is at a version now; a caller that walks versions upwards until on
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 from deltalake import DeltaTable
@@ -194,33 +193,22 @@ class DeltaTables:
         self.loads = 0  # full loads of a log (for tests and benchmarks)
         self.advances = 0  # update_incremental of a kept table
 
-    @contextlib.contextmanager
-    def lend(self, table: str, open_table: callable) -> Iterator[DeltaTable | None]:
-        """The table at its newest version (None if it has no log), for this caller alone
-        until the block ends; ``open_table(table)`` loads it when nothing kept can be used.
-        A table the block raised in is dropped (its state may be half-updated)."""
+    def take(self, table: str, open_table: Callable[[str], DeltaTable | None]
+             ) -> DeltaTable | None:
+        """The table at its newest version (None if it has no log), for this caller alone:
+        a kept one advanced, else ``open_table(table)``. Hand it back with ``keep`` when done
+        (not after an error that may have left it half-updated: it is then loaded again)."""
         with self._lock:
             kept = self._tables.pop(table, None)
         delta = self._advanced(table, kept) if kept is not None else None
         if delta is None:
             delta = open_table(table)
             self.loads += delta is not None
-        yield delta
-        if delta is not None:
-            self._keep(table, delta)
-
-    def _advanced(self, table: str, kept: tuple[DeltaTable, int, FileId]) -> DeltaTable | None:
-        delta, version, file_id = kept
-        try:
-            if self.entries.file_id(table, version) != file_id:
-                return None  # the log was replaced under it: load it again
-            delta.update_incremental()
-        except (DeltaError, OSError):
-            return None
-        self.advances += 1
         return delta
 
-    def _keep(self, table: str, delta: DeltaTable) -> None:
+    def keep(self, table: str, delta: DeltaTable) -> None:
+        """Keeps ``delta`` for the next ``take``, with the identity of the entry of the
+        version it holds."""
         try:
             version = delta.version()
             file_id = self.entries.file_id(table, version)
@@ -233,6 +221,17 @@ class DeltaTables:
             self._tables.move_to_end(table)
             while len(self._tables) > self._max:
                 self._tables.popitem(last=False)
+
+    def _advanced(self, table: str, kept: tuple[DeltaTable, int, FileId]) -> DeltaTable | None:
+        delta, version, file_id = kept
+        try:
+            if self.entries.file_id(table, version) != file_id:
+                return None  # the log was replaced under it: load it again
+            delta.update_incremental()
+        except (DeltaError, OSError):
+            return None
+        self.advances += 1
+        return delta
 
 
 class TableCache:
