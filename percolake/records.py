@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_string  # what json.dumps(str) gives
@@ -105,12 +104,18 @@ class TableWriteRecord:
             data["catalog_name"] = self.catalog_name
         return data
 
-    @functools.cached_property
+    @property
     def json_text(self) -> str:
         """``to_json`` serialised once: the record is immutable, and a transaction's record is
         written several times (declare, prewrite, commit, applied), so the largest part of it
-        (the add actions) is encoded only once."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
+        (the add actions) is encoded only once. Memoised in the instance without a lock
+        (``functools.cached_property`` of Python 3.11 holds one lock for every instance while
+        it computes, which made concurrent requests queue; two threads computing the same
+        text at once store equal values)."""
+        text = self.__dict__.get("_json_text")
+        if text is None:
+            text = self.__dict__["_json_text"] = json.dumps(self.to_json(), separators=(",", ":"))
+        return text
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableWriteRecord:
@@ -131,11 +136,12 @@ class TableWriteRecord:
         )
 
     def row_count(self) -> int:
-        return self._row_count
-
-    @functools.cached_property
-    def _row_count(self) -> int:  # every reply shows it: parse the stats once
-        return sum(f.row_count() for f in self.add_files)
+        """The files' numRecords added up; every reply shows it: the stats are parsed once
+        (memoised without a lock, as ``json_text``)."""
+        rows = self.__dict__.get("_row_count")
+        if rows is None:
+            rows = self.__dict__["_row_count"] = sum(f.row_count() for f in self.add_files)
+        return rows
 
     def remember_row_count(self, rows: int) -> None:
         """Primes ``row_count`` with the sum the coordinator's validation took from these very
