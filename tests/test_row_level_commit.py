@@ -241,3 +241,28 @@ def test_an_apply_stopped_at_a_row_level_failpoint_applies_once_when_run_again(t
     assert DeltaTable(str(table)).version() == (0 if point.startswith("before") else 1)
     assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 1
     assert DeltaTable(str(table)).version() == 1 and rows(table) == [(1, 10), (2, 25)]
+
+
+def test_a_row_level_commit_at_the_checkpoint_interval_writes_the_checkpoint(tmp_path):
+    """As delta-rs's own commits do: a log entry of ours at a multiple of
+    delta.checkpointInterval leaves a checkpoint that delta-rs reads the table from."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2, 3], "value": [10, 20, 30]}),
+                    configuration={"delta.checkpointInterval": "2"})
+    write_deltalake(str(path), pa.table({"id": [4], "value": [40]}), mode="append")
+    version = DeltaTable(str(path)).version()
+    files = files_of_version(f"file://{path}", version)
+    folder = path / "_percolake" / TXN / "op0"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()),
+                             "value": pa.array([10, 20, 30, 41], pa.int64())}),
+                   folder / "p.parquet")
+    write = TableWriteRecord(
+        f"file://{path}", WriteMode.ROW_LEVEL,
+        (AddFileRecord(f"_percolake/{TXN}/op0/p.parquet", (folder / "p.parquet").stat().st_size,
+                       {}, 0, '{"numRecords":4}'),), files.schema_json,
+        remove_files=tuple(RemoveFileRecord(f.path, f.size, {}) for f in files.files),
+        read_version=version, operation="UPDATE")
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 2
+    assert (path / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    assert rows(path) == [(1, 10), (2, 20), (3, 30), (4, 41)]

@@ -231,6 +231,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 if put_entry(write.table, table.version() + 1, entry):
                     fail_point("after-row-level-entry", app_version)
                     table.update_incremental()
+                    _checkpoint_if_due(table, write.table)
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 log.info("concurrent Delta commit; re-checking", extra={
                     "table": write.table, "txn_id": txn_id, "attempt": attempt})
@@ -270,6 +271,20 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             raise storage.storage_error(exc, write.table, "commit to") from None
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
+
+
+def _checkpoint_if_due(table: DeltaTable, table_uri: str) -> None:
+    """What delta-rs's post-commit hook does after its own commits: a checkpoint at every
+    ``delta.checkpointInterval``-th version (100 by default). Only an optimisation of later
+    reads: a failure is logged, never raised (the write is committed and applied)."""
+    interval = int(table.metadata().configuration.get("delta.checkpointInterval") or 100)
+    if interval <= 0 or table.version() % interval:
+        return
+    try:
+        table.create_checkpoint()
+    except (DeltaError, OSError) as exc:
+        log.warning("could not write the Delta checkpoint", extra={
+            "table": table_uri, "version": table.version(), "error": str(exc)})
 
 
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
