@@ -21,6 +21,7 @@ from percolake.lake import delta_commit
 from percolake.lake import log_entry as log_entry_module
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.conflicts import RowLevelConflict, check_row_level_write
+from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import CannotApplyAsRead, apply_table_write, files_of_version
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.lake.write_check import WriteChecker
@@ -266,3 +267,21 @@ def test_a_row_level_commit_at_the_checkpoint_interval_writes_the_checkpoint(tmp
     assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 2
     assert (path / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
     assert rows(path) == [(1, 10), (2, 20), (3, 30), (4, 41)]
+
+
+def test_deletion_vectors_are_read_from_the_log_as_delta_spark_writes_them(table):
+    """delta-spark's DELETE writes the file's add with its new vector before the remove of
+    the file without one, in one entry: the add decides (a logical file is path + vector)."""
+    path = files_of_version(f"file://{table}", 0).files[0].path
+    vector = {"storageType": "u", "pathOrInlineDv": "N4=5IZpc(2U7(J$wwwxo", "offset": 1,
+              "sizeInBytes": 34, "cardinality": 1}
+    entry = [{"commitInfo": {"operation": "DELETE"}},
+             {"add": {"path": path, "partitionValues": {}, "size": 1, "modificationTime": 0,
+                      "dataChange": True, "deletionVector": vector}},
+             {"remove": {"path": path, "dataChange": True, "deletionTimestamp": 0}}]
+    (table / "_delta_log" / f"{1:020d}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in entry))
+    uri = f"file://{table}"
+    assert deletion_vectors(uri, 1) == {path: vector}
+    assert deletion_vectors(uri, 1, [path, "other.parquet"]) == {path: vector}
+    assert deletion_vectors(uri, 0) == {}

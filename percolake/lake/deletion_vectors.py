@@ -49,14 +49,18 @@ def deletion_vectors(table_uri: str, version: int,
             raise FailedPrecondition(
                 f"table {table_uri}: Delta log entry {current} is missing and no checkpoint "
                 f"covers it; the deletion vectors of version {version} cannot be read")
-        for action in reversed(actions):  # within one entry a remove precedes its re-add
-            file = action.get("add") or action.get("remove")
-            if not file:
-                continue
-            path = unquote(file["path"])
-            if path in decided or (wanted is not None and path not in wanted):
-                continue
-            decided[path] = file.get("deletionVector") if "add" in action else None
+        # One entry may remove a path and add it again with another vector (delta-spark's
+        # DELETE: the logical file is the path and its vector): its add decides.
+        in_entry: dict[str, DeletionVector | None] = {}
+        for action in actions:
+            if "add" in action:
+                in_entry[unquote(action["add"]["path"])] = action["add"].get("deletionVector")
+        for action in actions:
+            if "remove" in action:
+                in_entry.setdefault(unquote(action["remove"]["path"]), None)
+        for path, vector in in_entry.items():
+            if path not in decided and (wanted is None or path in wanted):
+                decided[path] = vector
         if wanted is not None and wanted <= decided.keys():
             break
     else:
