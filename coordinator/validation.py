@@ -366,6 +366,13 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
         metrics = parse_json(f"table {table}: operation_metrics", write.operation_metrics)
         if not isinstance(metrics, dict):
             raise InvalidArgument(f"table {table}: operation_metrics must be a JSON object")
+    if write.operation_parameters:
+        parameters = parse_json(f"table {table}: operation_parameters",
+                                write.operation_parameters)
+        if not isinstance(parameters, dict) or not all(
+                isinstance(v, str) for v in parameters.values()):
+            raise InvalidArgument(f"table {table}: operation_parameters must be a JSON object "
+                                  "of strings")
     removed = Counter(f.path for f in write.remove_files)
     twice = sorted(p for p, n in removed.items() if n > 1)[:3]
     if twice:

@@ -87,6 +87,7 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         operation=msg.operation,
         operation_metrics=msg.operation_metrics,
         data_change=not (msg.mode == pb.ROW_LEVEL and msg.rearranges_only),
+        operation_parameters=msg.operation_parameters,
     )
 
 
@@ -111,6 +112,7 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         msg.operation = write.operation
         msg.operation_metrics = write.operation_metrics
         msg.rearranges_only = not write.data_change
+        msg.operation_parameters = write.operation_parameters
     return msg
 
 

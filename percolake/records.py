@@ -75,6 +75,8 @@ class TableWriteRecord:
     operation_metrics: str = ""
     # ROW_LEVEL only: False when the write only rearranges rows (OPTIMIZE: Delta's dataChange)
     data_change: bool = True
+    # ROW_LEVEL only: the commit's Delta operationParameters (a JSON object of strings)
+    operation_parameters: str = ""
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -85,6 +87,7 @@ class TableWriteRecord:
             "operation": self.operation,
             "operation_metrics": self.operation_metrics,
             "data_change": self.data_change,
+            "operation_parameters": self.operation_parameters,
         }
         data = {
             "table": self.table,
@@ -133,6 +136,7 @@ class TableWriteRecord:
             operation=data.get("operation", ""),
             operation_metrics=data.get("operation_metrics", ""),
             data_change=bool(data.get("data_change", True)),
+            operation_parameters=data.get("operation_parameters", ""),
         )
 
     def row_count(self) -> int:

@@ -14,6 +14,7 @@ Their log entries are read through the object store (one GET each), never listed
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
@@ -31,12 +32,16 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from percolake.errors import FailedPrecondition, Unavailable
+from percolake.failpoints import fail_point
 from percolake.lake import storage
+from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
+    app_transaction_action,
     commit_info,
     metadata_action,
     now_ms,
+    operation_commit_info,
     put_entry,
     remove_action,
 )
@@ -56,6 +61,7 @@ log = logging.getLogger("percolake.delta")
 
 TXN_ID_KEY = "percolake.txn_id"
 COMMIT_TS_KEY = "percolake.commit_ts"
+OPERATION_KEY = "percolake.operation"  # a row-level commit's operations, as the write names them
 MAX_ATTEMPTS = 20
 
 
@@ -201,7 +207,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
         custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts),
                          "userMetadata": json.dumps({TXN_ID_KEY: txn_id,
                                                      COMMIT_TS_KEY: str(commit_ts)}),
-                         **_row_level_commit_info(write)},
+                         **({OPERATION_KEY: write.operation}
+                            if write.mode == WriteMode.ROW_LEVEL else {})},
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
     )
@@ -225,6 +232,17 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 raise _apply_refused(write.table, txn_id, refused)
             if write.mode == WriteMode.ROW_LEVEL:
                 _refuse_changed_since_read(write, txn_id)
+                entry = row_level_entry(write, layout, properties)
+                fail_point("before-row-level-entry", app_version)
+                if put_entry(write.table, table.version() + 1, entry):
+                    fail_point("after-row-level-entry", app_version)
+                    table.update_incremental()
+                    _checkpoint_if_due(table, write.table)
+                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                log.info("concurrent Delta commit; re-checking", extra={
+                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
             mode, actions, filters = _write_actions(table, write, layout)
             evolved = evolved_schema(table, write)
             if evolved is not None:  # data and new schema in one commit: a log entry of ours
@@ -264,6 +282,20 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
 
 
+def _checkpoint_if_due(table: DeltaTable, table_uri: str) -> None:
+    """What delta-rs's post-commit hook does after its own commits: a checkpoint at every
+    ``delta.checkpointInterval``-th version (100 by default). Only an optimisation of later
+    reads: a failure is logged, never raised (the write is committed and applied)."""
+    interval = int(table.metadata().configuration.get("delta.checkpointInterval") or 100)
+    if interval <= 0 or table.version() % interval:
+        return
+    try:
+        table.create_checkpoint()
+    except (DeltaError, OSError) as exc:
+        log.warning("could not write the Delta checkpoint", extra={
+            "table": table_uri, "version": table.version(), "error": str(exc)})
+
+
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
     message = (f"BROKEN INVARIANT I10: committed transaction {txn_id} cannot be applied to "
                f"{table}: {reason}. The coordinator checked the table's protocol before the "
@@ -293,7 +325,7 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     app = properties.app_transactions[0]
     entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
                          list(write.partition_by), properties.custom_metadata or {}, now),
-             {"txn": {"appId": app.app_id, "version": app.version, "lastUpdated": now}},
+             app_transaction_action(app.app_id, app.version, now),
              metadata_action(table.metadata(), schema_json)]
     by_path = {f.path: f for f in write.add_files}
     for action in actions:
@@ -305,19 +337,40 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     return entry
 
 
-def _row_level_commit_info(write: TableWriteRecord) -> dict[str, object]:
-    """commitInfo fields of a row-level write: delta-rs names every commit of pre-written files
-    ``WRITE`` (it refuses another ``operation``), so the operations go in
-    ``operationParameters`` and a top-level ``percolake.operation``, beside Delta's metrics."""
-    if write.mode != WriteMode.ROW_LEVEL:
-        return {}
-    info: dict[str, object] = {
-        "percolake.operation": write.operation,
-        "operationParameters": {"percolake.operation": write.operation,
-                                "readVersion": str(write.read_version)}}
-    if write.operation_metrics:
-        info["operationMetrics"] = json.loads(write.operation_metrics)
-    return info
+def row_level_entry(write: TableWriteRecord, layout: TableLayout,
+                    properties: CommitProperties) -> list[dict]:
+    """The log entry of a ROW_LEVEL write, as delta-spark's own operation writes it: its
+    ``operation`` (MERGE, UPDATE, DELETE, OPTIMIZE; several operations of one batch are one
+    commit named by them all, comma-separated in call order), ``operationParameters`` and
+    ``operationMetrics``, ``readVersion``; adds and removes with ``dataChange`` false when the
+    write only rearranges rows; each remove of a file that carries a deletion vector with that
+    vector (read from the log at the read version: nothing changed since, the caller checked).
+    The percolake tags and the app transaction make it the transaction's idempotent commit."""
+    now = now_ms()
+    app = properties.app_transactions[0]
+    metrics = json.loads(write.operation_metrics) if write.operation_metrics else {}
+    parameters = json.loads(write.operation_parameters) if write.operation_parameters else {}
+    physical = physical_names(layout.schema_json) \
+        if layout.protocol.column_mapping != "none" else {}
+    vectors = deletion_vectors(write.table, write.read_version,
+                               [f.path for f in write.remove_files]) \
+        if write.remove_files and layout.protocol.has("deletionVectors") else {}
+    info = operation_commit_info(
+        write.operation, parameters, properties.custom_metadata or {}, now,
+        readVersion=write.read_version,
+        isolationLevel="Serializable" if write.data_change else "SnapshotIsolation",
+        isBlindAppend=False, operationMetrics=metrics)
+    entry = [info, app_transaction_action(app.app_id, app.version, now)]
+    for add in write.add_files:
+        values = {physical.get(k, k): v for k, v in add.partition_values.items()}
+        entry.append(add_action(dataclasses.replace(add, partition_values=values),
+                                data_change=write.data_change))
+    for remove in write.remove_files:
+        values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
+        entry.append(remove_action(remove.path, remove.size, values, now,
+                                   data_change=write.data_change,
+                                   deletion_vector=vectors.get(remove.path)))
+    return entry
 
 
 def _refuse_changed_since_read(write: TableWriteRecord, txn_id: str) -> None:
@@ -365,10 +418,6 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord,
     adds = _adds(write, physical)
     if write.mode == WriteMode.APPEND:
         return "append", adds, None
-    if write.mode == WriteMode.ROW_LEVEL:
-        now = int(time.time() * 1000)
-        return "append", adds + [RemoveAction(f.path, True, now, f.size, dict(f.partition_values))
-                                 for f in write.remove_files], None
     listed = {f.path for f in write.add_files}
     removes, held = _removes(table, write, keep=listed, physical=physical)
     if layout.protocol.has("deletionVectors") and not listed & held:
