@@ -181,8 +181,12 @@ def _instrument() -> None:
                         _timed("write files (executors)", writer.write_files))
     _replace_everywhere(delta_commit.apply_table_write,
                         _timed("Delta commits (delta-rs)", delta_commit.apply_table_write))
-    schema_check.SchemaChecker.check = _timed("schema check (participant)",
-                                              schema_check.SchemaChecker.check)
+    # the schema check on the write's path: waiting for the batch's layout (read at Open,
+    # in the background), then checking the batch against it
+    schema_check.BatchLayouts.get = _timed("schema check (participant)",
+                                           schema_check.BatchLayouts.get)
+    _replace_everywhere(schema_check.check_layout,
+                        _timed("schema check (participant)", schema_check.check_layout))
     RPCS.install()
 
 
