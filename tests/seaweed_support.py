@@ -86,7 +86,8 @@ class SeaweedServer(S3ApiServer):
         args = [str(self.binary), "server", f"-dir={data}", "-ip=127.0.0.1",
                 "-ip.bind=127.0.0.1", "-filer", "-s3", f"-s3.port={self.port}",
                 f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=16",
+                "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=0",
+                "-volume.preStopSeconds=0",
                 *(f"-{name}={port}" for name, port in ports.items())]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
@@ -120,7 +121,9 @@ class SeaweedServer(S3ApiServer):
                            f"(exit status {self.process.poll() if self.process else None}; "
                            f"last error {last!r}); its log ends:\n{tail}")
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float = 3.0) -> None:
+        """Ends the server (its data is the session's scratch: it is killed if it does not
+        stop within ``timeout_s`` of SIGTERM, which it often does not)."""
         if self.process is None:
             return
         if self.process.poll() is None:

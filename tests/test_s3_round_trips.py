@@ -122,3 +122,22 @@ def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s
     assert [r.kind for r in read] == ["GET"] * 9 and round_trips(read) == 1, summary(read)
     assert [layouts.get(t).version for t in tables] == [1, 1, 1]
     assert len(relay.requests()) == 9  # read once per batch: asked again, nothing is read
+
+
+def test_the_relay_delays_and_counts_each_request_of_every_client(moto_server, s3_env,
+                                                                   s3_bucket, monkeypatch):
+    """boto3's conditional put, Arrow's multipart upload (create, 2 parts, complete) and a
+    read pass through whole, each request held back at least its delay, jitter included."""
+    with LatencyRelay(moto_server.port, delay_s=DELAY_S, jitter_s=0.01, seed=7) as relay:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+        uri = f"s3://{s3_bucket}/wh/t/_percolake/a1/big.parquet"
+        data = bytes(range(256)) * (12 << 12)  # 12 MiB: Arrow uploads it in two parts
+        assert storage.put_object_if_absent(f"s3://{s3_bucket}/wh/t/small", b"x" * 1000)
+        with storage.s3_filesystem().open_output_stream(storage.arrow_path(uri)) as out:
+            out.write(data)
+        assert storage.read_object(uri) == data
+        requests = relay.requests()
+    assert [(r.method, "uploadId=" in r.target or "uploads" in r.target) for r in requests] \
+        == [("PUT", False), ("POST", True), ("PUT", True), ("PUT", True), ("POST", True),
+            ("GET", False)], summary(requests)
+    assert all(r.answered - r.started >= DELAY_S for r in requests), requests
