@@ -66,7 +66,9 @@ class _RequestReader:
         self._head = b""
         self._body_left = 0  # bytes of a Content-Length body still to come
         self._chunked = False
-        self._chunk_buffer = b""
+        self._chunk_left = 0  # bytes of the current chunk (and its CRLF) still to come
+        self._line = b""  # a chunk size or trailer line begun in an earlier piece
+        self._in_trailers = False
 
     def feed(self, data: bytes) -> list[tuple[int, str, str]]:
         """The requests whose headers end in ``data``: (where their headers start in ``data``,
@@ -106,25 +108,30 @@ class _RequestReader:
         return offset + consumed
 
     def _chunks(self, data: bytes, offset: int) -> int:
-        """Consumes chunked body bytes; a chunk is ``size\\r\\n data \\r\\n``, the last one has
-        size 0 and is followed by trailers and an empty line."""
-        self._chunk_buffer += data[offset:]
-        while True:
-            line_end = self._chunk_buffer.find(b"\r\n")
+        """Consumes chunked body bytes from ``offset``; returns where it stopped. A chunk is a
+        size line, that many bytes and CRLF; the last has size 0 and is followed by trailer
+        lines and an empty line. Chunk data is counted, never kept."""
+        while offset < len(data):
+            if self._chunk_left:  # a chunk's data and its CRLF
+                taken = min(self._chunk_left, len(data) - offset)
+                self._chunk_left -= taken
+                offset += taken
+                continue
+            line_end = data.find(b"\n", offset)
             if line_end < 0:
+                self._line += data[offset:]
                 return len(data)
-            size = int(self._chunk_buffer[:line_end].split(b";")[0] or b"0", 16)
-            if size == 0:
-                trailer_end = self._chunk_buffer.find(b"\r\n\r\n", line_end)
-                if trailer_end < 0:
-                    return len(data)
-                rest = self._chunk_buffer[trailer_end + 4:]
-                self._chunk_buffer = b""
-                self._chunked = False
-                return len(data) - len(rest)
-            if len(self._chunk_buffer) < line_end + 2 + size + 2:
-                return len(data)
-            self._chunk_buffer = self._chunk_buffer[line_end + 2 + size + 2:]
+            line = (self._line + data[offset:line_end]).rstrip(b"\r")
+            self._line, offset = b"", line_end + 1
+            if self._in_trailers:
+                if not line:  # the empty line that ends the body
+                    self._chunked = self._in_trailers = False
+                    return offset
+            elif int(line.split(b";")[0] or b"0", 16) == 0:
+                self._in_trailers = True
+            else:
+                self._chunk_left = int(line.split(b";")[0], 16) + 2
+        return offset
 
 
 class LatencyRelay:

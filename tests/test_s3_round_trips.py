@@ -141,3 +141,21 @@ def test_the_relay_delays_and_counts_each_request_of_every_client(moto_server, s
         == [("PUT", False), ("POST", True), ("PUT", True), ("PUT", True), ("POST", True),
             ("GET", False)], summary(requests)
     assert all(r.answered - r.started >= DELAY_S for r in requests), requests
+
+
+@pytest.mark.parametrize("piece", [1, 3, 64, 100_000])
+def test_the_relay_finds_each_request_however_its_bytes_arrive(piece: int):
+    """Keep-alive requests with chunked and Content-Length bodies (a body holding what looks
+    like a request line too), cut into pieces of any size."""
+    from tests.latency_relay import _RequestReader
+
+    fake = b"GET /b/x HTTP/1.1\r\n\r\n"
+    chunked = (b"PUT /b/k HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"%x\r\n" % len(fake) + fake + b"\r\n3;ext=1\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n")
+    sized = b"PUT /b/k3 HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fake) + fake
+    plain = b"HEAD /b/k2 HTTP/1.1\r\nHost: x\r\n\r\n"
+    stream = chunked + plain + sized + plain
+    reader = _RequestReader()
+    found = [(method, target) for start in range(0, len(stream), piece)
+             for _, method, target in reader.feed(stream[start:start + piece])]
+    assert found == [("PUT", "/b/k"), ("HEAD", "/b/k2"), ("PUT", "/b/k3"), ("HEAD", "/b/k2")]
