@@ -84,8 +84,26 @@ def side_by_side(fn, items: list) -> list:  # noqa: ANN001
         return list(pool.map(fn, items))
 
 
+def schema_check(checker, tables: list[str], schema_json: str, batch: int) -> None:  # noqa: ANN001
+    """The participant's schema check of a batch's writes, as its ``txn.write`` calls make it
+    (a checkout from before ``BatchLayouts`` read the layout per call: features, shaping,
+    check)."""
+    from sparkside import schema_check as sc
+
+    if hasattr(sc, "BatchLayouts"):
+        layouts = checker.for_batch(tables)
+        for table in tables:
+            layout = sc.refuse_features(table, layouts.get(table))
+            sc.check_layout(layout, table, schema_json, [], "append", batch)
+    else:
+        for table in tables:
+            checker.check_features(table)
+            checker.layout(table)
+            checker.check(table, schema_json, [], "append", batch)
+
+
 def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN001
-                     count: int) -> list[dict]:
+                     spark_relay: LatencyRelay, count: int) -> list[dict]:
     """The coordinator's share without Spark: ``count`` batches of 3 tables driven as the
     participant drives them (Open carrying the previous batch's applied report, the files
     written with Arrow, Commit with the write intents, each table's Delta commit with delta-rs,
@@ -111,6 +129,9 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
     schema_json = Schema.from_arrow(pa.schema([("id", pa.int64())])).to_json()
     carried: list = []
     measured: list[dict] = []
+    from sparkside.schema_check import SchemaChecker
+
+    checker = SchemaChecker()
 
     def write_file(location: str) -> pb.TableWrite:
         table, _, attempt = location.rpartition("/_percolake/")
@@ -136,6 +157,8 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
                 pipeline_id=pipeline, batch_id=batch, tables=tables,
                 applied_reports=carried), timeout=60)
             t1 = time.monotonic()
+            schema_check(checker, tables, schema_json, batch)
+            t1s = time.monotonic()
             locations = [p.write_location for p in opened.transaction.participants]
             writes = side_by_side(write_file, locations)
             t2 = time.monotonic()
@@ -153,7 +176,11 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
                 continue
             requests = [r for r in daemon_relay.requests()
                         if t0 <= r.started < t1 or t2 <= r.started < t3]
+            checked = within(spark_relay.requests(), t1, t1s)
             measured.append({"open_ms": (t1 - t0) * 1e3, "commit_ms": (t3 - t2) * 1e3,
+                             "schema_check_ms": (t1s - t1) * 1e3,
+                             "schema_check_requests": kinds_of(checked),
+                             "schema_check_round_trips": round_trips(checked),
                              "requests": kinds_of(requests),
                              "round_trips": round_trips([r for r in requests
                                                          if r.started < t1])
@@ -212,7 +239,7 @@ def main() -> int:
                                env=server.env(AWS_ENDPOINT_URL=daemon_relay.endpoint),
                                extra_args=["--log-level", "warning"])
         daemon.start()
-        protocol = protocol_batches(daemon, root, daemon_relay, protocol_count)
+        protocol = protocol_batches(daemon, root, daemon_relay, spark_relay, protocol_count)
         print(f"protocol without Spark: {protocol_count} batches, coordinator "
               f"{statistics.median(b['open_ms'] + b['commit_ms'] for b in protocol):.0f} ms p50",
               flush=True)
@@ -292,7 +319,15 @@ def report(args: argparse.Namespace, protocol: list[dict], runs: dict[str, list[
                      "round_trips_max": max(protocol_trips),
                      "requests_per_batch": {k: statistics.fmean(b["requests"].get(k, 0)
                                                                 for b in protocol)
-                                            for k in protocol_kinds}}}
+                                            for k in protocol_kinds},
+                     "schema_check_ms_p50": bl.pct([b["schema_check_ms"] for b in protocol], 50),
+                     "schema_check_round_trips_p50": statistics.median(
+                         b["schema_check_round_trips"] for b in protocol),
+                     "schema_check_requests": {
+                         k: statistics.fmean(b["schema_check_requests"].get(k, 0)
+                                             for b in protocol)
+                         for k in sorted({k for b in protocol
+                                          for k in b["schema_check_requests"]})}}}
     proto = result["protocol"]
     figures = [
         ["coordinator's share (Open + Commit): store round trips per batch, p50 (max)",
@@ -306,6 +341,11 @@ def report(args: argparse.Namespace, protocol: list[dict], runs: dict[str, list[
          f"{proto['open_ms_p50']:.1f} / {proto['commit_ms_p50']:.1f}", "", ""],
         ["the daemon's S3 requests in them, per batch",
          ", ".join(f"{k} {v:.1f}" for k, v in proto["requests_per_batch"].items()), "", ""],
+        ["the participant's schema check of the 3 writes: round trips p50, ms p50",
+         f"{proto['schema_check_round_trips_p50']:g}, {proto['schema_check_ms_p50']:.1f}", "",
+         ""],
+        ["its S3 requests, per batch",
+         ", ".join(f"{k} {v:.1f}" for k, v in proto["schema_check_requests"].items()), "", ""],
     ]
     parts = [
         f"S3 on {args.server} (127.0.0.1) behind latency relays: {args.latency_ms:g} ms per "
