@@ -1,5 +1,5 @@
 """Round trips, not requests, on a batch's path on S3: the coordinator's and the participant's
-reads of a 3-table batch, counted on a latency relay (``tests/latency_relay.py``, 60 ms per
+reads of a 3-table batch, counted on a latency relay (``tests/latency_relay.py``, 100 ms per
 request) in front of moto's server.
 
 The daemon reaches the store through the relay; the test's own writes and delta-rs applies go
@@ -12,7 +12,6 @@ and the participant's schema check reads the batch's layouts in one round trip, 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from tests.latency_relay import LatencyRelay, round_trips
 from tests.test_s3_daemon import open_txn, write_files, write_intent
 from tests.test_s3_semantics import SCHEMA, upload
 
-DELAY_S = 0.06
+DELAY_S = 0.1  # well above the machine's own scheduling delays, even when loaded
 TABLES = ("debits", "credits", "fees")
 
 
@@ -68,19 +67,15 @@ def test_a_batch_of_three_s3_tables_costs_the_coordinator_one_round_trip_per_cal
         writes = [write_intent(t, write_files(moto_server, locations[t], [batch]))
                   for t in tables]
         relay.reset()
-        started = time.monotonic()
         committed = stub.CommitTransaction(pb.CommitTransactionRequest(
             txn_id=opened.transaction.txn_id, writes=writes), timeout=60).transaction
-        commit_s = time.monotonic() - started
         assert committed.state == pb.COMMITTED
         calls["commit"] = relay.requests()
         versions = apply_all(stub, committed.txn_id)  # straight to moto, as a participant
         relay.reset()
-        started = time.monotonic()
         applied = stub.ReportApplied(pb.ReportAppliedRequest(
             txn_id=committed.txn_id, tables=[pb.AppliedTable(table=t, delta_version=v)
                                              for t, v in versions.items()]), timeout=60)
-        report_s = time.monotonic() - started
         assert applied.transaction.state == pb.APPLIED
         calls["report"] = relay.requests()
     # batch 2: per table the cached entry (version 0), the next two (1, and 2 not yet there),
@@ -89,10 +84,8 @@ def test_a_batch_of_three_s3_tables_costs_the_coordinator_one_round_trip_per_cal
     assert len([r for r in commit if r.kind == "GET"]) == 9, summary(commit)
     assert len([r for r in commit if r.kind == "LIST"]) == 3, summary(commit)
     assert len(commit) == 12 and round_trips(commit) == 1, summary(commit)
-    assert commit_s < 6 * DELAY_S, commit_s  # sequential, 12 requests would take 0.72 s
     report = calls["report"]
     assert [r.kind for r in report] == ["GET"] * 3 and round_trips(report) == 1, summary(report)
-    assert report_s < 3 * DELAY_S, report_s
 
 
 def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s3_env,
