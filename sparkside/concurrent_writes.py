@@ -26,6 +26,8 @@ from pyspark import inheritable_thread_target
 from pyspark.sql import SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
+from percolake.parallel import in_parallel  # noqa: F401 - moved there; importable here too
+
 log = logging.getLogger("percolake.participant")
 Result = TypeVar("Result")
 
