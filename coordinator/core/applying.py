@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from coordinator import metrics, validation
 from coordinator.core.state import CoreState, wall_ms
 from percolake.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from percolake.lake.warehouse import is_object_store
+from percolake.parallel import in_parallel
 from percolake.records import TxnRecord, delta_app_id
 from percolake.states import COMMITTED_STATES, TxnState, check_transition
 
@@ -92,8 +94,20 @@ class Applying(CoreState):
         if self._applied_check is None:
             return
         app_id = delta_app_id(txn.pipeline_id, txn.generation)
-        for table, version in versions.items():
-            if not self._applied_check(table, version, txn.txn_id, app_id, txn.batch_id):
+        check = self._applied_check
+
+        def is_own(item: tuple[str, int]) -> bool:
+            return check(item[0], item[1], txn.txn_id, app_id, txn.batch_id)
+
+        items = list(versions.items())
+        remote = sum(is_object_store(table) for table, _ in items)
+        # one log entry read per table: on an object store, the tables side by side
+        outcomes = in_parallel(is_own, items, len(items) if remote > 1 else 1,
+                               "percolake-verify")
+        for (table, version), own in zip(items, outcomes, strict=True):
+            if isinstance(own, Exception):
+                raise own
+            if not own:
                 raise FailedPrecondition(
                     f"Delta version {version} of {table} is not transaction {txn.txn_id}'s "
                     f"commit (its log entry must name the transaction and carry app "

@@ -13,6 +13,8 @@ from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition, InvalidArgument, TransactionAborted
 from percolake.failpoints import fail_point
+from percolake.lake.warehouse import is_object_store
+from percolake.parallel import in_parallel, results_or_first_error
 from percolake.records import TableEntry, TableWriteRecord, TxnRecord, WriteMode
 from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
 
@@ -295,9 +297,15 @@ class Writing(CoreState):
     def _check_applicable(self, writes: list[TableWriteRecord]) -> None:
         """I10: refuses, before the commit point, a write whose apply could fail. Called with
         the tables held (no protocol writer can change them) and outside the lock (file I/O)."""
-        if self._write_check is not None:
+        if self._write_check is None:
+            return
+        if sum(is_object_store(w.table) for w in writes) <= 1:
             for write in writes:
                 self._write_check(write)
+            return
+        # each check waits on its object store: the tables side by side, one round trip
+        results_or_first_error(in_parallel(self._write_check, writes, len(writes),
+                                           "percolake-write-check"))
 
     def _check_writes(self, txn_id: str, writes: list[TableWriteRecord]) -> list[TableWriteRecord]:
         self.check_txn_tables(len(writes), "table writes")  # limits first: no per-table work

@@ -29,7 +29,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from deltalake import DeltaTable
@@ -125,13 +125,7 @@ class LogEntries:
         key = (table, version)
         if is_object_store(table):
             content = storage.read_object(entry_uri(table, version))
-            if content is None:
-                return None
-            file_id = content_id(content)
-            cached = self._get(key)
-            if cached is not None and cached.file_id == file_id:
-                return cached
-            return self._put(key, summarise(file_id, content))
+            return None if content is None else self._summarised(key, content)
         path = entry_path(table, version)
         try:
             info = os.stat(path)
@@ -147,6 +141,22 @@ class LogEntries:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         return self._put(key, summarise(_local_id(info), content))
+
+    def entries(self, table: str, versions: Sequence[int]) -> list[LogEntry | None]:
+        """``entry`` of each of ``versions``, in order; an object store's read all at once
+        (one round trip)."""
+        if not is_object_store(table) or len(versions) <= 1:
+            return [self.entry(table, v) for v in versions]
+        contents = storage.read_objects([entry_uri(table, v) for v in versions])
+        return [None if content is None else self._summarised((table, v), content)
+                for v, content in zip(versions, contents, strict=True)]
+
+    def _summarised(self, key: tuple[str, int], content: bytes) -> LogEntry:
+        file_id = content_id(content)
+        cached = self._get(key)
+        if cached is not None and cached.file_id == file_id:
+            return cached
+        return self._put(key, summarise(file_id, content))
 
     def file_id(self, table: str, version: int) -> FileId | None:
         """The identity of the entry's file now (one stat, or one GET), None if none."""

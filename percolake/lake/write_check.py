@@ -27,9 +27,11 @@ Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
 
 Object-store tables are checked the same way through ``percolake.lake.storage``: files by one
-listing of each attempt folder (sizes from the listing, nothing downloaded), log entries by
-GET. A store that cannot be read refuses the commit (StorageUnavailable, UNAVAILABLE: retry;
-StorageRefused, FAILED_PRECONDITION: bucket missing, access denied), never guesses.
+listing of each attempt folder (sizes from the listing, nothing downloaded), started beside
+the reads of the log entries (one GET each, all of one check at once): one round trip per
+check in the steady state. A store that cannot be read refuses the commit (StorageUnavailable,
+UNAVAILABLE: retry; StorageRefused, FAILED_PRECONDITION: bucket missing, access denied),
+never guesses.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import stat
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from deltalake import Schema
@@ -64,12 +67,14 @@ from percolake.lake.warehouse import (
     is_object_store,
     local_path,
 )
+from percolake.parallel import leaf_submit
 from percolake.records import TableWriteRecord, WriteMode
 
 MAX_NAMED = 5  # files named in one refusal
 MAX_REMEMBERED = 100_000  # partition value verdicts kept
 MAX_SCHEMAS = 1024  # parsed schemas kept
 LOCATION_CACHE_S = 1.0  # a table location that passed its check is not checked again so soon
+READ_AHEAD = 2  # object-store commit files read past a cached layout's in the same round trip
 
 class LayoutCache:
     """Each table's layout, loaded with delta-rs (tens of ms) only when its log may change it.
@@ -109,18 +114,23 @@ class LayoutCache:
     def _advance(self, table: str, layout: TableLayout, file_id: FileId
                  ) -> tuple[TableLayout, FileId] | None:
         """The cached layout moved to the newest version, None if the log must be loaded
-        again. One stat (a GET on an object store) per commit file looked at."""
+        again. One stat per commit file looked at; on an object store one GET each, the
+        cached version's and the next ``READ_AHEAD`` at once (one round trip when fewer
+        commits came since: usually one, the previous batch's own)."""
+        ahead = READ_AHEAD if is_object_store(table) else 1  # a stat each is cheap locally
         try:
-            if self.entries.file_id(table, layout.version) != file_id:
-                return None
             version = layout.version
+            base, *found = self.entries.entries(table, range(version, version + 1 + ahead))
+            if base is None or base.file_id != file_id:
+                return None
             while True:
-                found = self.entries.entry(table, version + 1)
-                if found is None:
-                    return layout._replace(version=version), file_id
-                if found.changes_layout or not found.readable:
-                    return None
-                version, file_id = version + 1, found.file_id
+                for entry in found:
+                    if entry is None:
+                        return layout._replace(version=version), file_id
+                    if entry.changes_layout or not entry.readable:
+                        return None
+                    version, file_id = version + 1, entry.file_id
+                found = self.entries.entries(table, range(version + 1, version + 1 + ahead))
         except OSError:
             if is_object_store(table):
                 raise
@@ -186,6 +196,7 @@ class WriteChecker:
         schema, fields = self._schema(table, write.schema_json)
         _check_form(write, fields)
         self._check_location(table)  # the apply refuses what this refuses (I10)
+        listings = _start_listings(write)  # on an object store, beside the layout's reads
         try:
             layout = self.layouts.get(table)
         except DeltaError as exc:
@@ -216,7 +227,7 @@ class WriteChecker:
                                          f"{write.mode.value} write cannot remove its files")
         elif write.mode == WriteMode.ROW_LEVEL:
             raise FailedPrecondition(f"table {table}: a row-level write needs an existing table")
-        _check_files(write)
+        _check_files(write, listings)
         self._check_partition_values(write, fields)
         check_row_level_write(write)  # I12: after the layout, so a schema change names itself
 
@@ -338,10 +349,11 @@ def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> N
                                   "'..' segment or a NUL character")
 
 
-def _check_files(write: TableWriteRecord) -> None:
+def _check_files(write: TableWriteRecord,
+                 listings: dict[str, Future[dict[str, tuple[int, int | None]]]]) -> None:
     """Every added file exists at ``<table>/<add.path>`` with the stated size (one stat each)."""
     if is_object_store(write.table):
-        _check_objects(write)
+        _check_objects(write, listings)
         return
     root = local_path(write.table)
     missing: list[str] = []
@@ -359,20 +371,30 @@ def _check_files(write: TableWriteRecord) -> None:
     _refuse_files(write, missing, wrong)
 
 
-def _check_objects(write: TableWriteRecord) -> None:
-    """``_check_files`` on an object store: one recursive listing per attempt folder the add
-    paths name (``_percolake/<txn_id>/``, one per write), sizes compared from the listing; a
-    path elsewhere (the coordinator refuses those before) costs one HEAD."""
-    sizes: dict[str, int] = {}
+def _start_listings(write: TableWriteRecord
+                    ) -> dict[str, Future[dict[str, tuple[int, int | None]]]]:
+    """On an object store, the listings ``_check_objects`` needs, started now: one recursive
+    listing per attempt folder the add paths name (``_percolake/<txn_id>/``, one per write)."""
+    if not is_object_store(write.table):
+        return {}
     folders = {"/".join(add.path.split("/")[:2]) for add in write.add_files
                if add.path.startswith(f"{ATTEMPT_DIR}/") and add.path.count("/") >= 2}
-    for folder in sorted(folders):
-        listed = storage.list_files(f"{write.table}/{folder}")
-        sizes.update({f"{folder}/{path}": size for path, (size, _) in listed.items()})
+    return {folder: leaf_submit(storage.list_files, f"{write.table}/{folder}")
+            for folder in sorted(folders)}
+
+
+def _check_objects(write: TableWriteRecord,
+                   listings: dict[str, Future[dict[str, tuple[int, int | None]]]]) -> None:
+    """``_check_files`` on an object store: sizes compared from the listings of the attempt
+    folders (``_start_listings``); a path elsewhere (the coordinator refuses those before)
+    costs one HEAD."""
+    sizes: dict[str, int] = {}
+    for folder, listing in listings.items():
+        sizes.update({f"{folder}/{path}": size for path, (size, _) in listing.result().items()})
     missing: list[str] = []
     wrong: list[str] = []
     for add in write.add_files:
-        listed_folder = "/".join(add.path.split("/")[:2]) in folders
+        listed_folder = "/".join(add.path.split("/")[:2]) in listings
         size = sizes.get(add.path) if listed_folder else storage.object_size(
             f"{write.table}/{add.path}")
         if size is None:
