@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 from percolake.errors import Conflict, FailedPrecondition
 from percolake.lake import storage
@@ -78,17 +79,40 @@ def describe_conflict(version: int, actions: list[dict] | None, read_version: in
     return None
 
 
-def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None) -> str | None:
+def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None,
+                        committed: bool = False) -> str | None:
     """The first conflicting commit since ``write.read_version`` (commits naming
-    ``own_txn_id`` in their commitInfo are this write's own and skipped), or None."""
+    ``own_txn_id`` in their commitInfo are this write's own and skipped), or None.
+
+    With ``committed`` (the apply after COMMITTED) the question is whether the write can still
+    be applied exactly: a rearrangement (every add and remove ``dataChange=false``, e.g. an
+    outside OPTIMIZE) that removes none of the files the write removes keeps the same rows
+    everywhere the write does not touch, so it does not stop the apply.
+    """
+    removed_by_write = {f.path for f in write.remove_files}
     for version, actions in log_entries_after(write.table, write.read_version):
         if own_txn_id is not None and actions is not None and any(
                 a.get("commitInfo", {}).get(TXN_ID_KEY) == own_txn_id for a in actions):
+            continue
+        if committed and actions is not None and _rearranges_only_elsewhere(
+                actions, removed_by_write):
             continue
         problem = describe_conflict(version, actions, write.read_version)
         if problem is not None:
             return problem
     return None
+
+
+def _rearranges_only_elsewhere(actions: list[dict], removed_by_write: set[str]) -> bool:
+    """A commit that only rearranges rows (no data change, no metadata or protocol change)
+    and removes none of ``removed_by_write``."""
+    if any("metaData" in a or "protocol" in a for a in actions):
+        return False
+    files = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    if any(f.get("dataChange", True) for f in files):
+        return False
+    return not any(unquote(a["remove"]["path"]) in removed_by_write
+                   for a in actions if "remove" in a)
 
 
 def check_row_level_write(write: TableWriteRecord) -> None:
