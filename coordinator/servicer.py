@@ -448,7 +448,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @rpc
     def ListQuarantines(self, core, request, context):  # noqa: N802
         return pb.ListQuarantinesResponse(quarantines=[
-            quarantine_to_pb(q) for q in core.list_quarantines(request.include_released)])
+            quarantine_to_pb(q) for q in core.list_quarantines(request.include_released,
+                                                                request.pipeline_id)])
 
     @rpc
     def ReleaseQuarantine(self, core, request, context):  # noqa: N802

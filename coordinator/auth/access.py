@@ -25,7 +25,8 @@ The rules (docs/security.md has the table):
   of leases other principals took are shown empty unless the caller is ADMIN on '*'.
 - Vacuum: ADMIN on every pipeline ('*') and WRITE on the table: it deletes files (audited).
 - Revise: ADMIN on every pipeline ('*'): it rewrites tables and resets pipelines (audited).
-- ListQuarantines: DESCRIBE on every pipeline ('*'). ReleaseQuarantine: ADMIN on every
+- ListQuarantines: DESCRIBE on the pipeline filter, on every pipeline ('*') without one.
+  ReleaseQuarantine: ADMIN on every
   pipeline ('*') and WRITE on the table: it decides what becomes of a committed write (audited).
 - Nobody drives the reserved pipeline ``percolake.revise`` (the coordinator's revisions): a
   request naming it as its pipeline, or acting on one of its transactions, is refused.
@@ -325,7 +326,11 @@ def _revise(checks: Checks, request: Any) -> Decision:
 
 
 def _list_quarantines(checks: Checks, request: Any) -> Decision:
-    checks.every_pipeline(Permission.DESCRIBE, "list the quarantined tables")
+    if request.pipeline_id:
+        checks.pipeline(Permission.DESCRIBE, request.pipeline_id)
+    else:
+        checks.every_pipeline(Permission.DESCRIBE, "list every quarantined table (name a "
+                              "pipeline to list those of its transactions)")
     return Decision()
 
 

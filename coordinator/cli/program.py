@@ -20,6 +20,7 @@ from coordinator import limits
 from coordinator.cli import auth as auth_cli
 from coordinator.cli import operations as ops_cli
 from coordinator.cli import revise as revise_cli
+from coordinator.cli import tables as tables_cli
 from coordinator.cli import topology as topology_cli
 from coordinator.cli import vacuum as vacuum_cli
 from coordinator.cli.client import client_follower
@@ -212,6 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     topology_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     vacuum_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     revise_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    tables_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
@@ -314,4 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         return vacuum_cli.run(args)
     if args.command == "revise":
         return revise_cli.run(args)
+    if args.command == "tables":
+        return tables_cli.run(args)
     return _reset(args)

@@ -50,14 +50,25 @@ def quarantined_error(record: QuarantineRecord) -> TableQuarantined:
 class Quarantining(CoreState):
     """The quarantine records, their refusals and the operator's release."""
 
-    def list_quarantines(self, include_released: bool = False) -> list[QuarantineRecord]:
+    def list_quarantines(self, include_released: bool = False,
+                         pipeline_id: str = "") -> list[QuarantineRecord]:
         """Quarantined tables (and, with ``include_released``, the released ones with the
-        choice made), ordered by table and time."""
+        choice made), ordered by table and time; with ``pipeline_id`` only those of its
+        transactions."""
+        if pipeline_id:
+            validation.check_id("pipeline_id", pipeline_id)
         if include_released:
-            return self.store.load_quarantines()
+            records = self.store.load_quarantines()
+        else:
+            with self._lock:
+                records = [dataclasses.replace(q) for q in
+                           sorted(self._quarantined.values(), key=lambda q: q.table)]
+        if not pipeline_id:
+            return records
         with self._lock:
-            return [dataclasses.replace(q) for q in
-                    sorted(self._quarantined.values(), key=lambda q: q.table)]
+            return [q for q in records if (txn := self._unfinished.get(q.txn_id)
+                                           or self.store.get_txn(q.txn_id)) is not None
+                    and txn.pipeline_id == pipeline_id]
 
     def quarantined_count(self) -> int:
         with self._lock:
