@@ -21,7 +21,7 @@ from percolake.errors import Conflict, FailedPrecondition
 from percolake.lake import storage
 from percolake.lake.delta_commit import TXN_ID_KEY, commit_file, commit_uri, files_of_version
 from percolake.lake.warehouse import is_object_store
-from percolake.records import TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
 MAX_NAMED = 3  # files named in one conflict message
 ROW_LEVEL_CONFLICT_MARK = "conflicts with its row-level write"  # the participant retries these
@@ -137,12 +137,27 @@ def check_row_level_write(write: TableWriteRecord) -> None:
             f"{ROW_LEVEL_CONFLICT_MARK} (read at version {write.read_version}): {problem}. "
             "The attempt is aborted; the batch is retried from a fresh read")
     if write.remove_files:
-        held = {f.path for f in files_of_version(write.table, write.read_version).files}
+        held = {f.path: f for f in files_of_version(write.table, write.read_version).files}
         absent = [f.path for f in write.remove_files if f.path not in held]
         if absent:
             raise FailedPrecondition(
                 f"table {write.table}: the row-level write removes files that are not in the "
                 f"table at version {write.read_version}: {absent[:MAX_NAMED]}")
+        if not write.data_change:
+            _check_same_rows(write, [held[f.path] for f in write.remove_files])
+
+
+def _check_same_rows(write: TableWriteRecord, removed: list[AddFileRecord]) -> None:
+    """A write that only rearranges rows adds as many rows as the files it removes held
+    (when every file's statistics count them): a compaction never loses or doubles a row."""
+    if not all(f.stats for f in [*removed, *write.add_files]):
+        return
+    before = sum(f.row_count() for f in removed)
+    after = sum(f.row_count() for f in write.add_files)
+    if before != after:
+        raise FailedPrecondition(
+            f"table {write.table}: a write that only rearranges rows ({write.operation}) adds "
+            f"{after} rows in place of the {before} rows of the files it removes")
 
 
 def _entry_exists(table_uri: str, version: int) -> bool:
