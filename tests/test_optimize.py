@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
-from coordinator.core.optimizing import OPTIMIZE_PIPELINE
+from coordinator.core.optimizing import optimize_pipeline
 from coordinator.store import MemoryStore
 from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import compaction
@@ -97,7 +97,8 @@ def test_a_rearrangement_that_changes_the_row_count_is_refused_before_the_commit
 def test_the_optimize_pipeline_commits_only_compactions_and_owns_no_table(tmp_path):
     core = TransactionCoordinator(MemoryStore(), CoordinatorConfig([str(tmp_path)]))
     table = str(tmp_path / "t")
-    txn, _ = core.open_transaction(OPTIMIZE_PIPELINE, 0, tables=[table])
+    txn, _ = core.open_transaction(optimize_pipeline(canonical_table_uri(table)), 0,
+                                   tables=[table])
     from percolake import codec  # the daemon tests' append, decoded as the servicer does
 
     append = codec.table_write_from_pb(table_write(table, txn.txn_id))
@@ -132,7 +133,7 @@ def test_optimize_compacts_the_selected_partitions_once_keeping_every_row(daemon
     txn = daemon.stub.GetTransaction(pb.GetTransactionRequest(txn_id=result["txn_id"],
                                                               include_writes=True), timeout=30)
     (written,) = [p.write for p in txn.participants]
-    assert (txn.pipeline_id, txn.state) == (OPTIMIZE_PIPELINE, pb.APPLIED)
+    assert (txn.pipeline_id, txn.state) == (optimize_pipeline(canonical(table)), pb.APPLIED)
     assert (written.mode, written.operation, written.rearranges_only) == (
         pb.ROW_LEVEL, "OPTIMIZE", True)
     assert json.loads(written.operation_metrics)["numFilesRemoved"] == "3"

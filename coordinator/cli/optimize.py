@@ -3,13 +3,14 @@ small files as a percolake transaction (docs/operations.md), so users need no ou
 for maintenance.
 
 The command is the transaction's participant, as a Spark driver is for a batch: it opens a
-transaction of the pipeline ``percolake.optimize`` declaring the table (so it waits for, and
-then holds off, every other percolake transaction on it), reads the small files of the table
-(or of the partitions ``--where`` selects) with pyarrow, writes the compacted files into the
-attempt's folder, and commits them as a ``ROW_LEVEL`` write with operation ``OPTIMIZE`` and
-``data_change=False``; the coordinator checks it against the table's log before the commit
-point (an outside commit since the read aborts it) and applies it. Any failure before the
-commit aborts the attempt and its files are deleted; after it, the coordinator applies it.
+transaction of the table's pipeline ``percolake.optimize.<hash>`` declaring the table (so it
+waits for, and then holds off, every other percolake transaction on it), reads the small files
+of the table (or of the partitions ``--where`` selects) with pyarrow, writes the compacted files
+into the attempt's folder, and commits them as a ``ROW_LEVEL`` write with operation
+``OPTIMIZE`` and ``data_change=False``; the coordinator checks it against the table's log
+before the commit point (an outside commit since the read aborts it) and applies it. Any
+failure before the commit aborts the attempt and its files are deleted; after it, the
+coordinator applies it.
 
 Exit status: 0 done (or nothing to compact), 1 the coordinator refused (its status and message
 on stderr, e.g. ABORTED when another transaction held the table for --conflict-wait), 2 bad
@@ -27,10 +28,11 @@ from typing import Any
 import grpc
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
-from coordinator.core.optimizing import OPTIMIZE_PIPELINE
+from coordinator.core.optimizing import optimize_pipeline
 from percolake import codec
 from percolake.errors import InvalidArgument, ProtocolError
 from percolake.lake import compaction
+from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
 
 HEARTBEAT_S = 5.0
@@ -43,10 +45,11 @@ def add_command(commands: Any, default_target: str) -> None:
         "optimize", help="compact a table's small files as a percolake transaction",
         description="Compact the small files of a Delta table (all of them, or those of the "
         "partitions --where selects) into files of up to --target-size bytes, as a "
-        "transaction of the pipeline percolake.optimize: it holds the table like any "
-        "transaction, and its commit (a ROW_LEVEL write, operation OPTIMIZE, dataChange=false) "
-        "is exactly once. Needs WRITE on the pipeline percolake.optimize and on the table "
-        "when the coordinator authenticates callers (docs/operations.md).")
+        "transaction of the table's own pipeline percolake.optimize.<hash>: it holds the "
+        "table like any transaction, and its commit (a ROW_LEVEL write, operation OPTIMIZE, "
+        "dataChange=false) is exactly once. Needs WRITE on the pipelines "
+        "percolake.optimize.* and on the table when the coordinator authenticates callers "
+        "(docs/operations.md).")
     optimize.add_argument("--table", required=True, help="the table's URI or path")
     optimize.add_argument("--where", default="",
                           help="a partition predicate: column = 'value' (also != <> < <= > "
@@ -119,8 +122,9 @@ def optimize(call: Call, table: str, where: str, target_size: int) -> dict[str, 
 
 
 def _open(call: Call, table: str) -> tuple[pb.Transaction, pb.TableLocation]:
+    pipeline_id = optimize_pipeline(canonical_table_uri(table))
     try:
-        pipeline = call("GetPipeline", pb.GetPipelineRequest(pipeline_id=OPTIMIZE_PIPELINE))
+        pipeline = call("GetPipeline", pb.GetPipelineRequest(pipeline_id=pipeline_id))
         batch = pipeline.last_committed_batch_id + 1 \
             if pipeline.HasField("last_committed_batch_id") else 0
     except grpc.RpcError as exc:
@@ -129,11 +133,11 @@ def _open(call: Call, table: str) -> tuple[pb.Transaction, pb.TableLocation]:
         batch = 0
     for _ in range(OPEN_ATTEMPTS):
         reply = call("OpenTransaction", pb.OpenTransactionRequest(
-            pipeline_id=OPTIMIZE_PIPELINE, batch_id=batch, tables=[table]))
+            pipeline_id=pipeline_id, batch_id=batch, tables=[table]))
         if not reply.already_committed:
             return reply.transaction, reply.locations[0]
         batch += 1  # another optimize run committed this batch id meanwhile
-    raise Refused(f"{OPEN_ATTEMPTS} batch ids of {OPTIMIZE_PIPELINE} were taken by other "
+    raise Refused(f"{OPEN_ATTEMPTS} batch ids of {pipeline_id} were taken by other "
                    "optimize runs meanwhile; run it again")
 
 
