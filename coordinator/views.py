@@ -75,7 +75,8 @@ def txn_json(txn: pb.Transaction) -> dict[str, Any]:
                     "mode": pb.WriteMode.Name(p.mode or pb.APPEND),
                     "prewritten": p.prewritten, "file_count": p.file_count,
                     "row_count": p.row_count, "applied": p.applied,
-                    "delta_version": p.delta_version if p.applied else None}
+                    "delta_version": p.delta_version if p.applied else None,
+                    "abandoned": p.abandoned}
                    for p in txn.participants],
     }
 

@@ -127,6 +127,10 @@ def test_a_kill_between_commit_and_apply_then_outside_optimize_never_loses_or_do
         "abandon", "batch 0's update re-run by hand", True)
     assert state().state == pb.APPLIED
     assert table_rows(broken) == before_broken
+    described = json.loads(cli("transactions", "describe", txn_id, "--json", "--target",
+                               daemon.target).stdout)
+    assert {t["table"]: t["abandoned"] for t in described["tables"]} == {
+        tables[0]: True, tables[1]: False}
     assert "percolake_quarantined_tables 0.0" in _get(f"http://127.0.0.1:{metrics_port}/metrics")
     kept = json.loads(cli("tables", "quarantined", "--all", "--json", "--target",
                           daemon.target).stdout)

@@ -353,6 +353,7 @@ def _txn_details(txn: dict[str, Any]) -> str:
             ["TABLE", "MODE", "PREWRITTEN", "FILES", "ROWS", "APPLIED", "DELTA VERSION",
              "WRITE LOCATION"],
             [[_named(t), t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
-              str(t["row_count"]), "yes" if t["applied"] else "no",
+              str(t["row_count"]),
+              "abandoned" if t["abandoned"] else "yes" if t["applied"] else "no",
               _opt(t["delta_version"]), t["write_location"]] for t in txn["tables"]]))
     return "\n".join(lines)

@@ -174,7 +174,7 @@ class PartitionSpec(_message.Message):
     def __init__(self, values: _Optional[_Mapping[str, str]] = ..., null_columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TableParticipant(_message.Message):
-    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write", "catalog_name")
+    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write", "catalog_name", "abandoned")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     WRITE_LOCATION_FIELD_NUMBER: _ClassVar[int]
     PREWRITTEN_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class TableParticipant(_message.Message):
     DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     CATALOG_NAME_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
     table: str
     write_location: str
     prewritten: bool
@@ -195,7 +196,8 @@ class TableParticipant(_message.Message):
     delta_version: int
     write: TableWrite
     catalog_name: str
-    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ..., catalog_name: _Optional[str] = ...) -> None: ...
+    abandoned: bool
+    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ..., catalog_name: _Optional[str] = ..., abandoned: _Optional[bool] = ...) -> None: ...
 
 class Transaction(_message.Message):
     __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal", "waiting_for_table", "input_barrier", "source_offsets")
