@@ -41,7 +41,8 @@ def core_on(tmp_path: Path) -> TransactionCoordinator:
     root = tmp_path / "lake"
     return TransactionCoordinator(
         SqliteStore(tmp_path / "data"),
-        CoordinatorConfig([str(root)], txn_timeout_s=60, conflict_wait_s=0.2),
+        CoordinatorConfig([str(root)], txn_timeout_s=60, conflict_wait_s=0.2,
+                          roll_forward_after_s=0),
         applier=apply_table_write, remove_files=lambda location: None,
         write_check=WriteChecker(roots=[str(root)]).check)
 
@@ -89,6 +90,31 @@ def test_an_unappliable_write_quarantines_its_table_durably_and_refuses_new_comm
     assert "is quarantined" in next_batch_refused(restarted, table, 2)
     assert rows(table) == before == [(1, 10), (2, 20)]  # nothing applied, nothing lost
     assert restarted.get_transaction(txn_id).state == TxnState.COMMITTED
+
+
+def test_the_resolver_leaves_a_quarantined_table_alone_until_an_operator_chooses(
+        tmp_path, table, caplog):
+    core = core_on(tmp_path)
+    applies: list[str] = []
+    real = core._applier
+
+    def counting(write, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        applies.append(write.table)
+        return real(write, **kwargs)
+
+    core._applier = counting
+    txn_id = commit_rewrite(core, table, [1, 2], [10, 25])
+    DeltaTable(str(table)).delete("id = 3")
+    core.resolve_once()  # finds it unappliable: quarantined
+    assert core.quarantined_count() == 1 and len(applies) == 1
+    caplog.clear()
+    core.resolve_once()
+    core.resolve_once()
+    assert len(applies) == 1  # no new attempt on every pass, and no error logged for it
+    assert not [r for r in caplog.records if r.getMessage() == "roll-forward failed"]
+    core.release_quarantine(str(table), txn_id, QuarantineChoice.ABANDON, "by hand")
+    core.resolve_once()
+    assert len(applies) == 1 and core.get_transaction(txn_id).state == TxnState.APPLIED
 
 
 def test_abandon_frees_the_table_without_applying_and_keeps_the_choice(tmp_path, table):

@@ -84,10 +84,16 @@ class Quarantining(CoreState):
             return dataclasses.replace(write, read_version=record.as_of_version)
         raise quarantined_error(record)
 
+    def _held_back(self, txn_id: str, table: str) -> bool:
+        record = self._quarantined.get(table)
+        return record is not None and record.txn_id == txn_id and record.choice is None
+
     def _quarantine(self, txn_id: str, table: str, reason: str) -> TableQuarantined:
         with self._lock:
             record = self._quarantined.get(table)
-            if record is None or record.txn_id != txn_id:
+            # new, or a reapply that an outside commit made unappliable again (a race): the
+            # operator chooses again, knowing the new conflict
+            if record is None or record.txn_id != txn_id or record.choice is not None:
                 record = QuarantineRecord(table, txn_id, reason, wall_ms())
                 self.store.put_quarantine(record)
                 self._quarantined[table] = record
@@ -141,6 +147,9 @@ class Quarantining(CoreState):
             assert txn.state in COMMITTED_STATES, f"quarantined by {txn.state} {txn_id}"
             write = txn.tables[canonical].write
             assert write is not None
+        if record.choice == QuarantineChoice.REAPPLY:  # chosen before, cut short: finish it
+            self._roll_forward(txn_id, canonical, time.monotonic() + self.config.snapshot_wait_s)
+            return self._latest_record(canonical, txn_id)
         current = open_table(canonical)
         if current is None:
             raise FailedPrecondition(f"table {canonical} has no Delta table any more")
@@ -159,19 +168,31 @@ class Quarantining(CoreState):
                         f"reapplied onto version {version} without losing or duplicating "
                         f"rows: {exc}. Choose abandon instead") from exc
             with self._lock:
+                self._check_unchanged(canonical, record)
                 self.store.put_quarantine(chosen)  # durable before the Delta commit (I10)
                 self._quarantined[canonical] = chosen
             self.store.flush()
             self._roll_forward(txn_id, canonical, time.monotonic() + self.config.snapshot_wait_s)
         else:
-            self._abandon(txn_id, canonical, chosen)
-        return next(q for q in reversed(self.store.load_quarantines())
-                    if q.table == canonical and q.txn_id == txn_id)
+            self._abandon(txn_id, canonical, record, chosen)
+        return self._latest_record(canonical, txn_id)
 
-    def _abandon(self, txn_id: str, table: str, chosen: QuarantineRecord) -> None:
+    def _latest_record(self, table: str, txn_id: str) -> QuarantineRecord:
+        return next(q for q in reversed(self.store.load_quarantines())
+                    if q.table == table and q.txn_id == txn_id)
+
+    def _check_unchanged(self, table: str, seen: QuarantineRecord) -> None:
+        """Under the lock: refuses a choice if another was recorded since ``seen``."""
+        if self._quarantined.get(table) is not seen:
+            raise FailedPrecondition(f"table {table}: another release of its quarantine ran "
+                                     "meanwhile; list it again (tables quarantined --all)")
+
+    def _abandon(self, txn_id: str, table: str, seen: QuarantineRecord,
+                 chosen: QuarantineRecord) -> None:
         """Ends the hold without applying: the entry names the table's version at the choice,
         which holds none of the write, so snapshots at and after the commit read that."""
         with self._lock:
+            self._check_unchanged(table, seen)
             with self.store.batch():
                 self.store.put_quarantine(dataclasses.replace(chosen, released_ms=wall_ms()))
                 self._record_applied(self._get(txn_id), {table: chosen.as_of_version},

@@ -248,6 +248,11 @@ class CoreState:
         returns the refusal to raise."""
         raise NotImplementedError
 
+    def _held_back(self, txn_id: str, table: str) -> bool:
+        """Under the lock: the table is quarantined by the transaction, with no choice made
+        yet (nothing to roll forward until an operator chooses)."""
+        return False
+
     def _released_by_apply(self, txn_id: str, table: str, version: int) -> None:
         """Under the lock, once the write is recorded applied: ends a quarantine of it."""
 
