@@ -930,12 +930,12 @@ class TableQuarantine(_message.Message):
     def __init__(self, table: _Optional[str] = ..., txn_id: _Optional[str] = ..., reason: _Optional[str] = ..., quarantined_unix_ms: _Optional[int] = ..., choice: _Optional[_Union[QuarantineChoice, str]] = ..., chosen_by: _Optional[str] = ..., chosen_unix_ms: _Optional[int] = ..., choice_reason: _Optional[str] = ..., as_of_version: _Optional[int] = ..., released_unix_ms: _Optional[int] = ..., delta_version: _Optional[int] = ...) -> None: ...
 
 class ListQuarantinesRequest(_message.Message):
-    __slots__ = ("include_released", "pipeline_id")
-    INCLUDE_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("pipeline_id", "include_released")
     PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
-    include_released: bool
+    INCLUDE_RELEASED_FIELD_NUMBER: _ClassVar[int]
     pipeline_id: str
-    def __init__(self, include_released: _Optional[bool] = ..., pipeline_id: _Optional[str] = ...) -> None: ...
+    include_released: bool
+    def __init__(self, pipeline_id: _Optional[str] = ..., include_released: _Optional[bool] = ...) -> None: ...
 
 class ListQuarantinesResponse(_message.Message):
     __slots__ = ("quarantines",)
