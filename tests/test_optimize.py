@@ -166,3 +166,22 @@ def test_a_bad_predicate_exits_2_before_anything_is_sent(daemon):
     small_files_table(table)
     result = optimize(daemon, "--table", str(table), "--where", "id = 1")
     assert result.returncode == 2 and "not a partition column" in result.stderr
+
+
+def test_a_lost_commit_reply_still_compacts_exactly_once(daemon_factory):
+    """The coordinator fails right after the commit point: the command finds its transaction
+    committed (not refused) and the coordinator applies it, once."""
+    failing = daemon_factory.start(
+        env={"PERCOLAKE_FAILPOINTS": "after-commit-durable-before-reply=1*raise"},
+        name="optimize-lost-reply")
+    try:
+        table = failing.warehouse / "lost-reply"
+        small_files_table(table)
+        before, version = rows(table), DeltaTable(str(table)).version()
+        done = cli("optimize", "--table", str(table), "--json", "--target", failing.target)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["delta_version"] == version + 1
+        assert DeltaTable(str(table)).version() == version + 1
+        assert rows(table) == before and files_by_partition(table) == {"a": 1, "b": 1, "c": 1}
+    finally:
+        failing.stop()

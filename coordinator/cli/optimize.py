@@ -107,18 +107,34 @@ def optimize(call: Call, table: str, where: str, target_size: int) -> dict[str, 
             return _result(location.table, txn.txn_id, plan, None, None)
         folder = location.write_location[len(location.table):].lstrip("/")
         write = compaction.rewrite(location.table, plan, folder)
-        call("CommitTransaction", pb.CommitTransactionRequest(
-            txn_id=txn.txn_id, tables=[location.table],
-            writes=[codec.table_write_to_pb(write)]))
+        _commit(call, txn.txn_id, location.table, write)
     except BaseException as exc:
         beating.set()
-        if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
-            _abort(call, txn.txn_id, f"optimize failed before its commit: {exc}"[:900])
+        _abort(call, txn.txn_id, f"optimize failed before its commit: {exc}"[:900])
         raise
     finally:
         beating.set()
     snapshot = call("GetSnapshot", pb.GetSnapshotRequest(tables=[location.table]))
     return _result(location.table, txn.txn_id, plan, write, snapshot.tables[0].delta_version)
+
+
+def _commit(call: Call, txn_id: str, table: str, write: Any) -> None:
+    """The commit; when its answer is lost (the coordinator failed after the commit point,
+    or no leader answered in time), the transaction's state decides: committed is done."""
+    try:
+        call("CommitTransaction", pb.CommitTransactionRequest(
+            txn_id=txn_id, tables=[table], writes=[codec.table_write_to_pb(write)]))
+    except grpc.RpcError as exc:
+        if exc.code() in _REFUSALS:
+            raise
+        state = call("GetTransaction", pb.GetTransactionRequest(txn_id=txn_id)).state
+        if state not in (pb.COMMITTED, pb.APPLIED):
+            raise
+
+
+_REFUSALS = (grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
 
 
 def _open(call: Call, table: str) -> tuple[pb.Transaction, pb.TableLocation]:
