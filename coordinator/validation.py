@@ -344,7 +344,8 @@ def _check_file_path(table: str, path: str, prefix: str) -> None:
         raise InvalidArgument(f"table {table}: file path {path!r} contains a NUL character")
 
 
-ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE")
+ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE", "OPTIMIZE")
+REARRANGING_OPERATION = "OPTIMIZE"  # alone, and the only one with data_change=False
 
 
 def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
@@ -362,6 +363,13 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
     if not all(op in ROW_LEVEL_OPERATIONS for op in operations):
         raise InvalidArgument(f"table {table}: operation {write.operation[:80]!r} must list "
                               f"{'/'.join(ROW_LEVEL_OPERATIONS)} separated by commas")
+    if REARRANGING_OPERATION in operations and len(operations) > 1:
+        raise InvalidArgument(f"table {table}: {REARRANGING_OPERATION} is a write of its own, "
+                              "never composed with other operations")
+    if (write.operation == REARRANGING_OPERATION) == write.data_change:
+        raise InvalidArgument(f"table {table}: a write only rearranges rows "
+                              "(rearranges_only, Delta's dataChange=false) exactly when its "
+                              f"operation is {REARRANGING_OPERATION}")
     if write.operation_metrics:
         metrics = parse_json(f"table {table}: operation_metrics", write.operation_metrics)
         if not isinstance(metrics, dict):

@@ -124,6 +124,7 @@ def _participant_to_pb(entry: TableEntry, include_writes: bool,
     msg.prewritten = entry.prewritten
     msg.applied = entry.applied
     msg.delta_version = entry.delta_version or 0
+    msg.abandoned = entry.abandoned
     if entry.write is not None:
         msg.catalog_name = entry.write.catalog_name
         msg.mode = _MODE_TO_PB[entry.write.mode]

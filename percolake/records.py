@@ -153,6 +153,9 @@ class TableWriteRecord:
         self.__dict__["_row_count"] = rows
 
 
+_ABANDONED = ',"abandoned":true'
+
+
 @dataclass
 class TableEntry:
     """A table taking part in a transaction: declared, then prewritten, then applied."""
@@ -161,6 +164,9 @@ class TableEntry:
     write_location: str
     write: TableWriteRecord | None = None
     delta_version: int | None = None
+    # an operator abandoned the write of this quarantined table: delta_version is then the
+    # table's version at that choice, which holds none of the write (docs/row-level-writes.md)
+    abandoned: bool = False
 
     @property
     def prewritten(self) -> bool:
@@ -176,6 +182,7 @@ class TableEntry:
             "write_location": self.write_location,
             "write": self.write.to_json() if self.write else None,
             "delta_version": self.delta_version,
+            **({"abandoned": True} if self.abandoned else {}),
         }
 
     def json_text(self) -> str:
@@ -184,10 +191,11 @@ class TableEntry:
         return (f'{{"table":{_json_string(self.table)},'
                 f'"write_location":{_json_string(self.write_location)},'
                 f'"write":{self.write.json_text if self.write else "null"},'
-                f'"delta_version":{version}}}')
+                f'"delta_version":{version}{_ABANDONED if self.abandoned else ""}}}')
 
     def copy(self) -> TableEntry:
-        return TableEntry(self.table, self.write_location, self.write, self.delta_version)
+        return TableEntry(self.table, self.write_location, self.write, self.delta_version,
+                          self.abandoned)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableEntry:
@@ -197,6 +205,7 @@ class TableEntry:
             write_location=data["write_location"],
             write=TableWriteRecord.from_json(write) if write else None,
             delta_version=data.get("delta_version"),
+            abandoned=bool(data.get("abandoned", False)),
         )
 
 
@@ -310,3 +319,46 @@ class PipelineRecord:
 def delta_app_id(pipeline_id: str, generation: int) -> str:
     """The Delta app transaction id of a pipeline generation; its version is the batch id."""
     return f"percolake:{pipeline_id}:g{generation}"
+
+
+class QuarantineChoice(enum.Enum):
+    """What an operator chose for a quarantined table's committed write (I10, I12)."""
+
+    REAPPLY = "reapply"  # apply the write's files onto the table as it is now (checked safe)
+    ABANDON = "abandon"  # never apply it: the table keeps none of this write's changes
+
+
+@dataclass
+class QuarantineRecord:
+    """A table whose committed row-level write cannot be applied as it read the table
+    (docs/row-level-writes.md, "Quarantine"): refused for new commits until an operator
+    chooses; the record keeps the choice, who made it, why and what it led to."""
+
+    table: str
+    txn_id: str
+    reason: str
+    quarantined_ms: int
+    choice: QuarantineChoice | None = None
+    chosen_by: str = ""
+    chosen_ms: int = 0
+    choice_reason: str = ""
+    # REAPPLY: the table version the write is applied onto; ABANDON: the version the table
+    # was at, which the transaction's entry then names (it holds none of the write)
+    as_of_version: int = -1
+    released_ms: int = 0  # 0 while the table is quarantined
+    delta_version: int = -1  # REAPPLY: the Delta commit made
+
+    @property
+    def active(self) -> bool:
+        return self.released_ms == 0
+
+    def to_row(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row["choice"] = self.choice.value if self.choice else ""
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QuarantineRecord:
+        values = dict(row)
+        values["choice"] = QuarantineChoice(values["choice"]) if values["choice"] else None
+        return cls(**values)

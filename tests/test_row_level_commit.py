@@ -16,7 +16,7 @@ from coordinator import validation
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
 from coordinator.store import MemoryStore
 from percolake import codec, failpoints
-from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake.errors import FailedPrecondition, InvalidArgument, TableQuarantined
 from percolake.lake import delta_commit
 from percolake.lake import log_entry as log_entry_module
 from percolake.lake.arrow_read import read_delta_table
@@ -162,7 +162,7 @@ def test_a_committed_write_an_outside_writer_broke_is_never_applied_and_keeps_it
     DeltaTable(str(table)).delete("id = 3")  # the driver died; an outside writer commits
     before = rows(table)
     other, _ = core.open_transaction("p", 1)  # its next batch
-    with pytest.raises(CannotApplyAsRead, match="not applied against other data"):
+    with pytest.raises(TableQuarantined, match="cannot be applied as it read the table"):
         core.declare_tables(other.txn_id, None, [uri])
     assert rows(table) == before == [(1, 10), (2, 20)]
     assert core.get_transaction(txn.txn_id).state == TxnState.COMMITTED

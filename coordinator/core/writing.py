@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterable
 
 from coordinator import validation
+from coordinator.core.optimizing import check_optimize_writes
 from coordinator.core.quotas import exceeded
 from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.state import CoreState, wall_ms
@@ -349,6 +350,7 @@ class Writing(CoreState):
                 )
 
     def _with_writes(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> TxnRecord:
+        check_optimize_writes(txn.pipeline_id, writes)
         self._refuse_different_prewrite(txn, writes)
         updated = txn.copy()
         for write in writes:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coordinator.auth_records import AclRecord, TokenRecord
-from percolake.records import PipelineRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 from percolake.states import TxnState
 
 UNFINISHED_STATES = (TxnState.OPEN, TxnState.PREWRITTEN, TxnState.COMMITTED)
@@ -412,3 +412,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_acl(self, entry: AclRecord) -> bool:
         """Removes the entry with ``entry``'s key; False if there was none."""
+
+    # quarantined tables (docs/row-level-writes.md, "Quarantine"): kept for good, released
+    # ones included, as the record of what an operator chose
+    @abc.abstractmethod
+    def load_quarantines(self) -> list[QuarantineRecord]:
+        """Every quarantine record, ordered by (table, quarantined_ms, txn_id)."""
+
+    @abc.abstractmethod
+    def put_quarantine(self, record: QuarantineRecord) -> None:
+        """Inserts the record, or replaces the one of the same (table, txn_id)."""

@@ -43,16 +43,19 @@ from coordinator.store.base import (
 )
 from coordinator.store.schema import (
     PIPELINE_COLUMNS,
+    QUARANTINE_COLUMNS,
     SELECT_TXN,
     SQLITE_MIGRATIONS,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
     key_column,
     live_clauses,
+    quarantine_from_row,
+    quarantine_values,
     refuse_newer,
 )
 from percolake.errors import StoreConflict
-from percolake.records import PipelineRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 
 SCHEMA_VERSION = SQLITE_MIGRATIONS[-1].version
 log = logging.getLogger("percolake.store")
@@ -697,3 +700,12 @@ class SqliteStore(Store):
             "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms, since_ts) "
             "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (edge.pipeline_id, edge.table, edge.registered_ms, edge.since_ts)) == 1
+
+    def load_quarantines(self) -> list[QuarantineRecord]:
+        rows = self._read(f"SELECT {QUARANTINE_COLUMNS} FROM quarantines "
+                          "ORDER BY table_uri, quarantined_ms, txn_id")
+        return [quarantine_from_row(dict(r)) for r in rows]
+
+    def put_quarantine(self, record: QuarantineRecord) -> None:
+        self._write(f"INSERT OR REPLACE INTO quarantines ({QUARANTINE_COLUMNS}) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", quarantine_values(record))

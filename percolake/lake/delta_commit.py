@@ -67,7 +67,12 @@ MAX_ATTEMPTS = 20
 
 class CannotApplyAsRead(FailedPrecondition):
     """A committed row-level write whose table an outside writer changed after the version it
-    read (I12): it is never applied against other data (docs/row-level-writes.md)."""
+    read (I12): it is never applied against other data (docs/row-level-writes.md). ``problem``
+    names the conflicting commit."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class ApplyFailed(Unavailable, RuntimeError):
@@ -378,12 +383,13 @@ def _refuse_changed_since_read(write: TableWriteRecord, txn_id: str) -> None:
     (apart from this transaction's own commit, which the caller already looked for)."""
     from percolake.lake.conflicts import conflict_since_read  # it reads with this module
 
-    problem = conflict_since_read(write, own_txn_id=txn_id)
+    problem = conflict_since_read(write, own_txn_id=txn_id, committed=True)
     if problem is not None:
         raise CannotApplyAsRead(
             f"table {write.table}: transaction {txn_id} is committed but its row-level write "
             f"cannot be applied as read (at version {write.read_version}): {problem}. It is "
-            "not applied against other data; see docs/row-level-writes.md (recovery)")
+            "not applied against other data; see docs/row-level-writes.md (Quarantine)",
+            problem=f"read at version {write.read_version}: {problem}")
 
 
 def _lost_a_race(exc: Exception) -> bool:
