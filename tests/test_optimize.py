@@ -137,6 +137,11 @@ def test_optimize_compacts_the_selected_partitions_once_keeping_every_row(daemon
     assert (written.mode, written.operation, written.rearranges_only) == (
         pb.ROW_LEVEL, "OPTIMIZE", True)
     assert json.loads(written.operation_metrics)["numFilesRemoved"] == "3"
+    entry = [json.loads(line) for line in
+             (table / "_delta_log" / f"{version + 1:020d}.json").read_text().splitlines()]
+    assert [a["commitInfo"]["operation"] for a in entry if "commitInfo" in a] == ["OPTIMIZE"]
+    changes = [a[k]["dataChange"] for a in entry for k in ("add", "remove") if k in a]
+    assert len(changes) == 4 and not any(changes)  # streaming readers skip a compaction
     again = optimize(daemon, "--table", str(table), "--where", "part = 'a'")
     assert again.returncode == 0 and "nothing to compact" in again.stdout
     assert DeltaTable(str(table)).version() == version + 1  # nothing committed twice
