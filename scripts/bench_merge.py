@@ -39,6 +39,7 @@ import _benchlib as bl  # noqa: E402
 from coordinator.launcher import DaemonProcess  # noqa: E402
 
 GOAL_MERGE = 1.10  # percolake MERGE / delta-spark MERGE
+LABELS = {"merge": "MERGE alone", "batch": "whole batch"}
 SEED_ROWS = 2  # files the accounts table starts with (delta-spark's initial write)
 
 
@@ -49,6 +50,7 @@ class JobClock:
     def __init__(self, spark) -> None:  # noqa: ANN001
         self.context = spark.sparkContext
         self.runs = 0
+        self.last_jobs: list[tuple[str, float]] = []  # (Spark's name of the job, seconds)
 
     def measure(self, work: Callable[[], object]) -> tuple[float, int, float]:
         """(wall seconds, Spark jobs, their summed seconds) of ``work``."""
@@ -64,15 +66,16 @@ class JobClock:
         tracker = self.context.statusTracker()
         jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
         seconds = 0.0
+        self.last_jobs = []
         try:  # job durations: Spark's status store (PySpark's tracker has no times)
             store = self.context._jsc.sc().statusStore()  # noqa: SLF001
-            for job in jobs:
-                if job is None:
-                    continue
+            for job in sorted((j for j in jobs if j is not None), key=lambda j: j.jobId):
                 data = store.job(job.jobId)
                 start, end = data.submissionTime(), data.completionTime()
                 if start.isDefined() and end.isDefined():
-                    seconds += (end.get().getTime() - start.get().getTime()) / 1000
+                    took = (end.get().getTime() - start.get().getTime()) / 1000
+                    seconds += took
+                    self.last_jobs.append((str(data.name()), took))
         except Exception:  # noqa: BLE001 - a figure of the profile, not of the comparison
             seconds = float("nan")
         return wall, len(jobs), seconds
@@ -217,6 +220,7 @@ def main() -> int:
     samples: dict[tuple[str, str], list[tuple[float, int, float, float]]] = {
         (kind, way): [] for kind in ("merge", "batch") for way in ("percolake", "delta-spark")}
     order_log: list[list[object]] = []
+    job_lists: dict[str, list[tuple[str, float]]] = {}  # the last pair's Spark jobs
     try:
         daemon.start()
         variants = Variants(spark, daemon.target, work, lake)
@@ -233,6 +237,7 @@ def main() -> int:
                     got[way] = run(kind, batch)
                     if pair >= 0:
                         samples[kind, way].append(got[way])
+                        job_lists[f"{LABELS[kind]}, {way}"] = variants.clock.last_jobs
                 if pair >= 0:
                     order_log.append([kind, pair, " then ".join(ways),
                                       got["percolake"][0] * 1e3, got["delta-spark"][0] * 1e3,
@@ -254,7 +259,8 @@ def main() -> int:
         spark.stop()
     elapsed = time.monotonic() - started
     shutil.rmtree(work_dir, ignore_errors=True)
-    result, body = report(samples, order_log, files, same, accounts, rows, pairs, elapsed)
+    result, body = report(samples, order_log, files, same, accounts, rows, pairs, elapsed,
+                          job_lists)
     result["machine"] = info
     bl.publish("bench_merge", info, body, result, args.json, not args.no_append)
     return 0 if same else 1
@@ -262,12 +268,13 @@ def main() -> int:
 
 def report(samples: dict[tuple[str, str], list[tuple[float, int, float, float]]],
            order_log: list[list[object]], files: dict[str, int], same: bool, accounts: int,
-           rows: int, pairs: int, elapsed: float) -> tuple[dict[str, object], str]:
+           rows: int, pairs: int, elapsed: float,
+           job_lists: dict[str, list[tuple[str, float]]]) -> tuple[dict[str, object], str]:
     result: dict[str, object] = {"accounts": accounts, "rows_per_batch": rows, "pairs": pairs,
                                  "tables_equal": same, "accounts_files": files,
                                  "seconds_total": elapsed}
     figures, profile = [], []
-    for kind, label in (("merge", "MERGE alone"), ("batch", "whole batch")):
+    for kind, label in LABELS.items():
         ours, theirs = samples[kind, "percolake"], samples[kind, "delta-spark"]
         ratio, low, high = bl.ratio_interval([[s[0]] for s in ours], [[s[0]] for s in theirs])
         median = {way: statistics.median(s[0] for s in samples[kind, way])
@@ -290,6 +297,7 @@ def report(samples: dict[tuple[str, str], list[tuple[float, int, float, float]]]
             result[kind][f"{way.replace('-', '_')}_profile"] = dict(zip(
                 ("wall_ms", "spark_jobs", "spark_job_ms", "merge_ms", "rest_ms"),
                 profile[-1][1:], strict=True))
+    result["last_pair_jobs"] = job_lists
     result["merge_goal_met"] = result["merge"]["ratio"] <= GOAL_MERGE  # type: ignore[index]
     body = "\n".join([
         f"An accounts table of {accounts:,} rows (two copies per comparison, fed the same "
@@ -310,6 +318,11 @@ def report(samples: dict[tuple[str, str], list[tuple[float, int, float, float]]]
         "the batch (percolake: Open, Commit, the Delta commits; delta-spark: the appends):\n",
         bl.table(["variant", "wall ms", "Spark jobs", "Spark job ms", "MERGE call ms",
                   "rest ms"], profile),
+        "\nThe last pair's Spark jobs, in order (Spark's name of each job: its call site; "
+        "seconds):\n",
+        bl.table(["variant", "jobs"], [[name, "; ".join(f"{job} {took:.2f}"
+                                                        for job, took in jobs)]
+                                       for name, jobs in job_lists.items()]),
         f"\nData files of accounts at the end: {files}; percolake's and delta-spark's "
         f"accounts hold the same rows: {same}. Whole run: {elapsed:.0f} s.",
     ])
