@@ -105,9 +105,10 @@ def table_sum(table: str | Path, version: int | None = None) -> int | None:
     return int(pyarrow.compute.sum(amounts).as_py() or 0)
 
 
-def per_account(table: str, version: int | None, column: str) -> dict[int, int]:
+def per_account(table: str | Path, version: int | None, column: str) -> dict[int, int]:
     """sum(``column``) by account of a table at ``version`` (latest if None; {} before the
     table exists)."""
+    table = str(table)
     if version is None and not is_object_store(table) and not DeltaTable.is_deltatable(table):
         return {}
     try:
