@@ -269,7 +269,11 @@ def _uri_path(uri: str) -> str:
 
 
 def observed(observation: Observation) -> dict[str, int]:
-    """An observation's counts (0 for a metric that saw no row)."""
+    """An observation's counts (0 for a metric that saw no row); {} when Spark removed the
+    observed plan (e.g. the side of a join with an empty table): the action then hands the
+    observation an empty row, which ``Observation.get`` cannot read."""
+    if observation._jo.getRow().size() == 0:  # noqa: SLF001 - PySpark has no public check
+        return {}
     return {k: int(v or 0) for k, v in observation.get.items()}
 
 

@@ -142,9 +142,18 @@ def test_driver_dies_after_the_commit_point_c6_c7_c8_c8r_the_batch_is_finished_n
     again (I2). C8r's transaction is committed with every table done; the replay is answered
     already committed, the report comes by the replay or the coordinator's roll-forward, and it
     ends APPLIED. Every batch is in every table exactly once (I2), readers never saw a partial
-    batch (I1)."""
-    outcome = scenarios.driver_crash_chain(tmp_path, ["C6", "C7", "C8", "C8r"])
+    batch (I1).
+
+    It is also issue 32's acceptance run: each driver is SIGKILLed, and every batch, besides
+    the bank tables, MERGEs each account's net change into a balances table keyed by account
+    and inserts then deletes on a fourth table, through ``txn.delta_table``, both tables made
+    by delta-spark (CREATE TABLE ... USING DELTA) before the stream. Every snapshot read shows
+    each account's balance equal to its credits minus its debits, and delta-spark's latest
+    reads hold every batch exactly once (``tests/crash/row_level_job.py``)."""
+    outcome = scenarios.driver_crash_chain(tmp_path, ["C6", "C7", "C8", "C8r"], row_level=True)
     _assert_clean(outcome)
+    row_level = outcome.notes["row_level"]
+    assert row_level["final_read"] and row_level["snapshot_reads_checked"] >= 3, outcome.notes
     assert _committed_before_replay(outcome) == {
         "C6": True, "C7": True, "C8": True, "C8r": True}, outcome.notes
     crashes = {c["point"]: c for c in outcome.notes["crashes"]}

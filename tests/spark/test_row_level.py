@@ -108,6 +108,19 @@ def test_cdc_merge_equals_delta_spark(spark, lake_daemon, lake, partitioned) -> 
         == source.count() - deleted
 
 
+def test_merge_into_an_empty_table_equals_delta_spark(spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A table just created (no data file yet, as after CREATE TABLE ... USING DELTA): Spark
+    drops the join with the empty target, and the source's row count is observed on the
+    insert pass instead."""
+    rng = random.Random(5)
+    participant = Participant(lake_daemon.target, pipeline_id=f"empty-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 20), f"{SCHEMA}, op string")
+    ours, _ = side_by_side(spark, participant, lake, "fresh", [], False, [cdc_merge], source)
+    metrics = RustTable(str(ours)).history(1)[0]["operationMetrics"]
+    assert int(metrics["numSourceRows"]) == source.count()
+    assert int(metrics["numTargetRowsInserted"]) == source.where("op <> 'D'").count()
+
+
 def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, lake) -> None:  # noqa: ANN001
     rng = random.Random(11)
     participant = Participant(lake_daemon.target, pipeline_id=f"all-{lake.name}")
