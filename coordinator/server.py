@@ -323,13 +323,16 @@ def _credential_needed(access: http_serving.HttpAccess) -> str:
 
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
     """Builds a core on a store: loads pipelines, unfinished transactions, the oracle mark."""
+    from percolake.lake.checkpoints import Checkpointer, checkpointing
     from percolake.lake.delta_commit import (  # deltalake loads only to serve
         apply_table_write,
         is_commit_of,
     )
     from percolake.lake.write_check import WriteChecker
 
-    applier = functools.partial(apply_table_write, roots=config.warehouse_roots)
+    # what the roll-forward applies gets its scheduled checkpoints (off the request's path)
+    applier = checkpointing(functools.partial(apply_table_write, roots=config.warehouse_roots),
+                            Checkpointer())
     checker = WriteChecker(roots=config.warehouse_roots)
 
     def build(store: Store) -> TransactionCoordinator:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from urllib.parse import unquote
 
 import pyarrow
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
@@ -55,6 +55,11 @@ log = logging.getLogger("percolake.delta")
 TXN_ID_KEY = "percolake.txn_id"
 COMMIT_TS_KEY = "percolake.commit_ts"
 MAX_ATTEMPTS = 20
+# delta-rs's post-commit hook would checkpoint inline every 100th version and then delete log
+# entries blind to leases: checkpoints come from percolake.lake.checkpoints (off the batch's
+# path, at the table's delta.checkpointInterval), log cleanup from the coordinator.
+NO_POST_COMMIT_HOOK = PostCommitHookProperties(create_checkpoint=False,
+                                               cleanup_expired_logs=False)
 
 
 class CannotApplyAsRead(FailedPrecondition):
@@ -208,7 +213,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 create_table_with_add_actions(
                     delta_uri(write.table), schema, _adds(write, {}), mode="error",
                     partition_by=list(write.partition_by) or None,
-                    commit_properties=properties, storage_options=options or None)
+                    commit_properties=properties, storage_options=options or None,
+                    post_commithook_properties=NO_POST_COMMIT_HOOK)
                 return 0
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
@@ -236,7 +242,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             table.create_write_transaction(
                 actions, mode, schema if mode == "append" else table.schema(),
                 partition_by=list(write.partition_by) or None, partition_filters=filters,
-                commit_properties=properties)
+                commit_properties=properties, post_commithook_properties=NO_POST_COMMIT_HOOK)
             table.update_incremental()
             return _version_of(table, txn_id, app_id, app_version, write.table)
         except (DeltaError, TableNotFoundError) as exc:
