@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ class BatchTimes:
     apply: float = 0.0
     report: float = 0.0
     versions: dict[str, int] = field(default_factory=dict)
+    marks: list[int] = field(default_factory=list)  # mark() before each phase and at the end
 
     @property
     def batch(self) -> float:
@@ -85,14 +87,20 @@ class ProtocolBatches:
         self.schemas = SchemaChecker()
         self.pool = ThreadPoolExecutor(max_workers=len(tables))
 
-    def run(self, batch: int) -> BatchTimes:
+    def run(self, batch: int, mark: Callable[[], int] | None = None) -> BatchTimes:
+        """One batch; ``mark`` (e.g. the S3 server log's size) is taken at each phase's
+        start and at the end, after the executors' part: ``BatchTimes.marks``."""
         times = BatchTimes()
+        mark = mark or (lambda: 0)
+        times.marks.append(mark())
         t0 = time.perf_counter()
         list(self.pool.map(self.schemas.check_features, self.tables))
+        times.marks.append(mark())
         t1 = time.perf_counter()
         txn = self.stub.OpenTransaction(pb.OpenTransactionRequest(
             pipeline_id=self.pipeline, batch_id=batch, tables=self.tables),
             timeout=120).transaction
+        times.marks.append(mark())
         t2 = time.perf_counter()
         data = parquet_bytes(batch)
         writes = {}
@@ -102,12 +110,14 @@ class ProtocolBatches:
             writes[table] = TableWriteRecord(table, WriteMode.APPEND, (AddFileRecord(
                 relative, len(data), {}, int(time.time() * 1000),
                 json.dumps({"numRecords": ROWS})),), SCHEMA_JSON)
+        times.marks.append(mark())
         t3 = time.perf_counter()
         committed = self.stub.CommitTransaction(pb.CommitTransactionRequest(
             txn_id=txn.txn_id, tables=self.tables,
             writes=[codec.table_write_to_pb(w) for w in writes.values()]),
             timeout=120).transaction
         t4 = time.perf_counter()
+        times.marks.append(mark())
         app_id = delta_app_id(committed.pipeline_id, committed.generation)
 
         def apply(write: TableWriteRecord) -> int:
@@ -119,10 +129,12 @@ class ProtocolBatches:
 
         versions = dict(zip(self.tables, self.pool.map(apply, writes.values()), strict=True))
         t5 = time.perf_counter()
+        times.marks.append(mark())
         self.stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn.txn_id, tables=[
             pb.AppliedTable(table=t, delta_version=v) for t, v in versions.items()]),
             timeout=120)
         t6 = time.perf_counter()
+        times.marks.append(mark())
         times.schema_check, times.open = t1 - t0, t2 - t1
         times.commit, times.apply, times.report = t4 - t3, t5 - t4, t6 - t5
         times.versions = versions

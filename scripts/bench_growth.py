@@ -211,6 +211,7 @@ def prune_all(data_dir: Path, warehouse: Path, hours: float) -> dict:
 
 
 
+PHASES = ("schema check", "open", "data files", "commit", "3 applies", "report")
 NO_CHECKPOINT_UPTO = {"local": 1000, "s3": 100}  # beyond: minutes per batch, not measured
 
 
@@ -286,12 +287,16 @@ def _life_run(target: str, root: str, store: str, level: int, mode: str, batches
                                 deferred if mode == "every 10" else None)
     mark = (lambda: log_path.stat().st_size) if log_path else (lambda: 0)  # noqa: E731
     times, requests, checkpoint_requests = [], [], []
+    profiles: list[list[dict[str, int]]] = []
     for k in range(batches + 1):  # the first one warms the participant's layout cache
-        start = mark()
-        batch = runner.run(level + 1 + k)
+        batch = runner.run(level + 1 + k, mark)
         if log_path is not None:
-            kinds = bl.request_kinds(bl.moto_requests(log_path, run, start))
-            counted = sum(kinds.values())
+            phases = [bl.request_kinds(bl.moto_requests(log_path, run, a))
+                      for a in batch.marks[:-1]]
+            # each phase's own: from its mark to the next (later phases subtracted)
+            own = [{kind: n - phases[i + 1].get(kind, 0) for kind, n in phase.items()}
+                   if i + 1 < len(phases) else phase for i, phase in enumerate(phases)]
+            counted = sum(phases[0].values())
         before = mark()
         for table, version in deferred.handed:
             checkpointer.applied(table, version)
@@ -302,6 +307,7 @@ def _life_run(target: str, root: str, store: str, level: int, mode: str, batches
         times.append(batch)
         if log_path is not None:
             requests.append(counted)
+            profiles.append(own)
             checkpoint_requests.append(len(bl.moto_requests(log_path, run, before)))
     checkpointer.close()
     runner.close()
@@ -315,7 +321,9 @@ def _life_run(target: str, root: str, store: str, level: int, mode: str, batches
             "apply_ms": median(t.apply for t in times) * 1e3,
             "report_ms": median(t.report for t in times) * 1e3,
             "requests": median(requests) if requests else "–",
-            "checkpoint_requests": median(checkpoint_requests) if checkpoint_requests else "–"}
+            "checkpoint_requests": median(checkpoint_requests) if checkpoint_requests else "–",
+            # S3 requests of the last batch measured by phase and kind
+            "profile": dict(zip(PHASES, profiles[-1], strict=True)) if profiles else {}}
 
 
 def main() -> int:
@@ -401,8 +409,17 @@ def render_life(rows: list[dict]) -> str:
          "commit", "3 applies", "report (background)", "S3 requests/batch",
          "checkpoint requests (background)", "build s"],
         [[r["store"], f"{r['level']:,}", r["mode"], r["batch_ms"], r["schema_check_ms"],
-          r["open_ms"], r["commit_ms"], r["apply_ms"], r["report_ms"], r["requests"],
-          r["checkpoint_requests"], r["build_s"]] for r in rows])
+          r["open_ms"], r["commit_ms"], r["apply_ms"], r["report_ms"],
+          r["requests"] if r["store"] != "local" else "–",
+          r["checkpoint_requests"] if r["store"] != "local" else "–", r["build_s"]]
+         for r in rows])
+    profiled = [r for r in rows if r.get("profile")]
+    if profiled:
+        table += ("\n\nS3 requests of one batch by phase and kind (the last measured):\n\n"
+                  + bl.table(["Delta version", "checkpoints", *PHASES], [
+                      [f"{r['level']:,}", r["mode"], *(
+                          " ".join(f"{k} {n}" for k, n in sorted(r["profile"][p].items()) if n)
+                          or "0" for p in PHASES)] for r in profiled]))
     return ("A table's life: one real percolake batch of 3 tables (schema check, Open, Commit "
             "with the daemon's write check, 3 Delta commits side by side; ReportApplied timed "
             "apart, as the participant sends it in the background) at each Delta version; "
