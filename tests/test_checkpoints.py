@@ -142,6 +142,20 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_table_readable(tmp_path):
     checkpointer.close()
 
 
+def test_a_checkpoint_whose_writer_died_before_its_hint_gets_the_hint(tmp_path):
+    table = tmp_path / "t"
+    for batch in range(12):
+        append(table, batch)
+    DeltaTable(str(table), version=10).create_checkpoint()
+    written = json.loads((table / "_delta_log" / "_last_checkpoint").read_text())
+    (table / "_delta_log" / "_last_checkpoint").unlink()  # the writer died here
+    checkpointer = Checkpointer()
+    checkpointer.applied(f"file://{table}", 11)
+    assert checkpointer.flush()
+    assert json.loads((table / "_delta_log" / "_last_checkpoint").read_text()) == written
+    checkpointer.close()
+
+
 def test_log_retention_durations_as_delta_writes_them():
     assert log_retention_ms({}) == 30 * DAY_MS
     assert log_retention_ms({"delta.logRetentionDuration": "interval 2 weeks"}) == 14 * DAY_MS

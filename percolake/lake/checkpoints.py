@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -86,7 +87,40 @@ def write_checkpoint(table_uri: str, version: int) -> int:
     if last is None or last < version:
         table.create_checkpoint()
         log.info("checkpoint written", extra={"table": table_uri, "delta_version": version})
+        if (last_checkpoint_version(table_uri) or -1) < version:
+            # delta-rs finds the checkpoint of a writer that died before _last_checkpoint
+            # and writes nothing: the hint is written here, from that checkpoint
+            _write_hint(table_uri, version, len(table.file_uris()))
     return interval
+
+
+def _write_hint(table_uri: str, version: int, add_files: int) -> None:
+    """``_last_checkpoint`` naming the single-file checkpoint of ``version``, with the fields
+    delta-rs writes; written whole (an object-store put, a local rename)."""
+    import pyarrow.parquet as pq
+
+    name = f"{version:020d}.checkpoint.parquet"
+    if is_object_store(table_uri):
+        fs = storage.s3_filesystem()
+        path = storage.arrow_path(log_uri(table_uri, name))
+        size_bytes = fs.get_file_info(path).size
+        with fs.open_input_file(path) as source:
+            rows = pq.ParquetFile(source).metadata.num_rows
+    else:
+        path = str(Path(local_path(table_uri)) / "_delta_log" / name)
+        size_bytes = os.path.getsize(path)
+        rows = pq.ParquetFile(path).metadata.num_rows
+    hint = json.dumps({"version": version, "size": rows, "sizeInBytes": size_bytes,
+                       "numOfAddFiles": add_files}, separators=(",", ":")).encode()
+    if is_object_store(table_uri):
+        with storage.s3_filesystem().open_output_stream(
+                storage.arrow_path(log_uri(table_uri, LAST_CHECKPOINT))) as out:
+            out.write(hint)
+        return
+    target = Path(local_path(table_uri)) / "_delta_log" / LAST_CHECKPOINT
+    staged = target.with_name(f".{LAST_CHECKPOINT}.{os.getpid()}.tmp")
+    staged.write_bytes(hint)
+    os.replace(staged, target)
 
 
 class Checkpointer:
