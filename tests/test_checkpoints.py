@@ -34,7 +34,7 @@ def append(table: Path, batch: int, checkpointer: Checkpointer | None = None) ->
     """Applies one committed append of one row (id = batch) as the participant does."""
     relative = f"_percolake/t{batch}/part-0.parquet"
     path = table / relative
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"id": pa.array([batch], pa.int64())}), path)
     write = TableWriteRecord(f"file://{table}", WriteMode.APPEND, (AddFileRecord(
         relative, path.stat().st_size, {}, 0, json.dumps({"numRecords": 1})),), SCHEMA)
@@ -65,6 +65,20 @@ def test_the_apply_itself_writes_no_checkpoint_and_deletes_no_log_entry(tmp_path
         append(table, batch)
     assert checkpoint_versions(table) == []
     assert sorted(p.name for p in (table / "_delta_log").glob("*.json"))[0] == f"{0:020d}.json"
+
+
+def test_an_apply_reads_the_newest_log_entries_only_never_a_listing_of_the_log(
+        tmp_path, monkeypatch):
+    table = tmp_path / "t"
+    for batch in range(12):
+        append(table, batch)
+    listed: list[str] = []
+    real_glob = Path.glob
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: listed.append(str(self))
+                        or real_glob(self, pattern))
+    assert append(table, 12) == 12
+    assert append(table, 12) == 12  # already applied: found among the newest entries
+    assert [p for p in listed if p.endswith("_delta_log")] == []
 
 
 def test_checkpoints_at_every_tenth_version_by_default(tmp_path):

@@ -468,36 +468,32 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
 
     Not ``DeltaTable.history()``: it numbers entries from the version the object loaded, so a
     commit landing meanwhile shifts every number. The table stays held until this write is
-    reported applied, so the write is nearly always among the newest commits: read backwards.
-    An object-store table's entries are read one GET each from the loaded version down (no
-    listing of the whole log); a missing entry ends the search (log cleanup removes the
-    oldest first).
+    reported applied, so the write is nearly always among the newest commits: read backwards,
+    one entry (one GET on an object store) at a time from the loaded version down, never a
+    listing of the whole log (its cost would grow with the table's age); a missing entry ends
+    the search (log cleanup removes the oldest first).
     """
-    if table_uri is not None and is_object_store(table_uri):
-        for version in range(table.version(), -1, -1):
-            entry = _read_commit(table_uri, version)
-            if entry is None:
-                break
-            if _names_txn(entry.decode().splitlines(), txn_id):
-                return version
-    else:
-        log_dir = commit_file(table.table_uri, 0).parent
-        versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
-                          reverse=True)
-        for version in versions:
-            if _commit_names_txn(commit_file(table.table_uri, version), txn_id):
-                return version
+    object_store = table_uri is not None and is_object_store(table_uri)
+    for version in range(table.version(), -1, -1):
+        if object_store:
+            entry = _read_commit(str(table_uri), version)
+            lines = None if entry is None else entry.decode().splitlines()
+        else:
+            lines = _local_commit_lines(commit_file(table.table_uri, version))
+        if lines is None:
+            break
+        if _names_txn(lines, txn_id):
+            return version
     raise AssertionError(
         f"{table_uri or table.table_uri} records app transaction {app_id} >= {app_version} but "
         f"no commit of transaction {txn_id}: written by something other than percolake?")
 
 
-def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
+def _local_commit_lines(commit_file: Path) -> list[str] | None:
     try:
-        lines = commit_file.read_text().splitlines()
+        return commit_file.read_text().splitlines()
     except FileNotFoundError:  # cleaned up by log retention: older than anything we look for
-        return False
-    return _names_txn(lines, txn_id)
+        return None
 
 
 def _names_txn(lines: list[str], txn_id: str) -> bool:
