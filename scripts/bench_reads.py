@@ -5,8 +5,9 @@
    ``Checkpointer``) and 3 copies written by delta-spark (the same rows, one append each batch:
    its own checkpoints and ``.crc`` files), both at ``--versions`` versions. Then each round
    gives all 6 tables one more version and reads, in alternating order, a ``ConsistentReader``
-   snapshot of the 3 percolake tables (GetSnapshot, then each table at its version: a count
-   and a sum over the rows) against the same reads of the 3 copies at their new version.
+   snapshot of the 3 percolake tables (GetSnapshot, then each table at its version with
+   ``versionAsOf``: a count and a sum over the rows) against the same reads of the 3 copies
+   at their new version (``versionAsOf``).
    Goal: percolake's read within 1.2x of the copies' (issue 33, point 5).
 2. A reader following a live stream: a writer commits a 3-table batch every ``--every`` s
    while the reader takes snapshots of the 3 tables and reads them; prints the interval between
@@ -78,9 +79,11 @@ def side_by_side(spark, reader, writer: lb.ProtocolBatches, copies: list[str],  
             read_all(frames)
             return time.perf_counter() - t0
 
-        def delta_spark_read() -> float:
+        def delta_spark_read(version: int = batch - 1) -> float:
+            """The same read: each copy at its new version."""
             t0 = time.perf_counter()
-            frames = [spark.read.format("delta").load(p) for p in copies]  # newest version
+            frames = [spark.read.format("delta").option("versionAsOf", version).load(p)
+                      for p in copies]
             read_all(frames)
             return time.perf_counter() - t0
 
