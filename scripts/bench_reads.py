@@ -60,10 +60,24 @@ def read_all(frames) -> float:  # noqa: ANN001
     return time.perf_counter() - t0
 
 
+def spark_jobs(spark, group: str, read) -> tuple[float, int]:  # noqa: ANN001
+    """``read()``'s seconds and the Spark jobs it ran (the profile: delta-spark runs a job for
+    each table version's state, one for its protocol and metadata unless a ``.crc`` file of
+    that version holds them, and one per scan)."""
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        seconds = read()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return seconds, len(context.statusTracker().getJobIdsForGroup(group))
+
+
 def side_by_side(spark, reader, writer: lb.ProtocolBatches, copies: list[str],  # noqa: ANN001
                  first_batch: int, rounds: int) -> dict:
     ours: list[float] = []
     theirs: list[float] = []
+    jobs: dict[str, list[int]] = {"percolake": [], "delta-spark": []}
     batch = first_batch
     for k in range(rounds):
         writer.run(batch)
@@ -87,18 +101,25 @@ def side_by_side(spark, reader, writer: lb.ProtocolBatches, copies: list[str],  
             read_all(frames)
             return time.perf_counter() - t0
 
-        if k % 2 == 0:
-            ours.append(percolake_read())
-            theirs.append(delta_spark_read())
-        else:
-            theirs.append(delta_spark_read())
-            ours.append(percolake_read())
-        print(f"round {k}: percolake {ours[-1] * 1e3:.0f} ms, delta-spark copies "
-              f"{theirs[-1] * 1e3:.0f} ms", flush=True)
+        def measure(side: str, read, into: list[float], k: int = k) -> None:  # noqa: ANN001
+            seconds, count = spark_jobs(spark, f"{side}-{k}", read)
+            into.append(seconds)
+            jobs[side].append(count)
+
+        for side in (("percolake", "delta-spark") if k % 2 == 0
+                     else ("delta-spark", "percolake")):
+            if side == "percolake":
+                measure(side, percolake_read, ours)
+            else:
+                measure(side, delta_spark_read, theirs)
+        print(f"round {k}: percolake {ours[-1] * 1e3:.0f} ms ({jobs['percolake'][-1]} Spark "
+              f"jobs), delta-spark copies {theirs[-1] * 1e3:.0f} ms "
+              f"({jobs['delta-spark'][-1]} jobs)", flush=True)
     _, low, high = bl.ratio_interval([[o] for o in ours], [[t] for t in theirs])
     return {"percolake_ms": bl.summary_ms(ours), "delta_spark_ms": bl.summary_ms(theirs),
             "ratio": statistics.median(ours) / statistics.median(theirs),
-            "ratio_low": low, "ratio_high": high, "next_batch": batch}
+            "ratio_low": low, "ratio_high": high, "next_batch": batch,
+            "spark_jobs": {side: statistics.median(n) for side, n in jobs.items()}}
 
 
 def live(reader, writer: lb.ProtocolBatches, first_batch: int, every_s: float,  # noqa: ANN001
@@ -209,13 +230,15 @@ def main() -> int:
 def render(result: dict) -> str:
     side = result["side_by_side"]
     rows = [["percolake (ConsistentReader snapshot, 3 tables)", side["percolake_ms"]["p50"],
-             side["percolake_ms"]["max"], side["percolake_ms"]["n"]],
+             side["percolake_ms"]["max"], side["spark_jobs"]["percolake"],
+             side["percolake_ms"]["n"]],
             ["delta-spark-written copies, same reads", side["delta_spark_ms"]["p50"],
-             side["delta_spark_ms"]["max"], side["delta_spark_ms"]["n"]]]
+             side["delta_spark_ms"]["max"], side["spark_jobs"]["delta-spark"],
+             side["delta_spark_ms"]["n"]]]
     parts = [f"Snapshot read of 3 tables at a new version ({result['versions']} versions "
              f"and more; delta-spark snapshotPartitions {result['snapshot_partitions']}; "
              "local tables; ms):\n",
-             bl.table(["read", "p50", "max", "rounds"], rows),
+             bl.table(["read", "p50", "max", "Spark jobs per read (median)", "rounds"], rows),
              f"\nRatio (medians) "
              f"{bl.interval_text(side['ratio'], side['ratio_low'], side['ratio_high'])} "
              "(goal ≤ 1.2).\n"]
