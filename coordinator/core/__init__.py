@@ -18,6 +18,7 @@ from coordinator.core.log_retention import LogRetention
 from coordinator.core.maintenance import Maintenance
 from coordinator.core.opening import Opening
 from coordinator.core.pipelines import Pipelines
+from coordinator.core.quarantine import Quarantining
 from coordinator.core.revision import Revising
 from coordinator.core.snapshots import Snapshots
 from coordinator.core.state import CoordinatorConfig, CoreState, Snapshot
@@ -29,6 +30,7 @@ __all__ = ["CoordinatorConfig", "CoreState", "Snapshot", "TransactionCoordinator
 
 
 class TransactionCoordinator(Pipelines, Opening, Writing, Applying, Snapshots, Maintenance,
-                             Fencing, Topology, Leases, Vacuuming, Revising, LogRetention):
+                             Fencing, Topology, Leases, Vacuuming, Revising, Quarantining,
+                             LogRetention):
     """The coordinator's core: every RPC of the service is one method here, each request
     family in its own module over one shared state (``CoreState``)."""
