@@ -27,6 +27,7 @@ from percolake import codec
 from percolake.lake import storage
 from percolake.lake.checkpoints import Checkpointer
 from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.table_cache import TableCache
 from percolake.lake.warehouse import is_object_store, local_path
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
@@ -86,6 +87,7 @@ class ProtocolBatches:
         self.checkpointer = checkpointer
         self.schemas = SchemaChecker()
         self.pool = ThreadPoolExecutor(max_workers=len(tables))
+        self.kept = TableCache().tables  # as the participant keeps them
 
     def run(self, batch: int, mark: Callable[[], int] | None = None) -> BatchTimes:
         """One batch; ``mark`` (e.g. the S3 server log's size) is taken at each phase's
@@ -122,7 +124,8 @@ class ProtocolBatches:
 
         def apply(write: TableWriteRecord) -> int:
             version = apply_table_write(write, app_id=app_id, app_version=batch,
-                                        txn_id=txn.txn_id, commit_ts=committed.commit_ts)
+                                        txn_id=txn.txn_id, commit_ts=committed.commit_ts,
+                                        tables=self.kept)
             if self.checkpointer is not None:
                 self.checkpointer.applied(write.table, version)
             return version

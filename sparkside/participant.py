@@ -27,6 +27,7 @@ from percolake.failpoints import fail_point
 from percolake.lake.checkpoints import Checkpointer
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.table_cache import TableCache
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.parallel import in_parallel
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
@@ -316,6 +317,8 @@ class Participant:
         # Delta checkpoints of the versions its applies reach, at each table's
         # delta.checkpointInterval, written in the background (docs/checkpoints.md)
         self._checkpoints = Checkpointer()
+        # each table's delta-rs state kept between batches and advanced, not loaded per apply
+        self._tables = TableCache().tables
 
     def wrap(self, fn: UserFunction) -> Callable[[DataFrame, int], None]:
         """The function to hand to ``writeStream.foreachBatch``."""
@@ -520,7 +523,8 @@ class Participant:
 
         def commit_table(item: tuple[str, TableWriteRecord]) -> pb.AppliedTable:
             version = apply_table_write(item[1], app_id=app_id, app_version=txn.batch_id,
-                                        txn_id=txn.txn_id, commit_ts=txn.commit_ts)
+                                        txn_id=txn.txn_id, commit_ts=txn.commit_ts,
+                                        tables=self._tables)
             self._checkpoints.applied(item[1].table, version)
             fail_point("after-secondary", txn.batch_id)
             return pb.AppliedTable(table=item[0], delta_version=version)
