@@ -338,6 +338,7 @@ def _credential_needed(access: http_serving.HttpAccess) -> str:
 
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
     """Builds a core on a store: loads pipelines, unfinished transactions, the oracle mark."""
+    from percolake.lake.checkpoints import Checkpointer, checkpointing
     from percolake.lake.delta_commit import apply_table_write  # deltalake loads only to serve
     from percolake.lake.table_cache import TableCache
     from percolake.lake.write_check import LayoutCache, WriteChecker
@@ -345,8 +346,9 @@ def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoo
     # Each table's log state is kept across requests and advanced, never reloaded whole: the
     # reports' entries, the write check's layouts and the roll-forward's delta-rs tables.
     tables = TableCache()
-    applier = functools.partial(apply_table_write, roots=config.warehouse_roots,
-                                tables=tables.tables)
+    # what the roll-forward applies gets its scheduled checkpoints (off the request's path)
+    applier = checkpointing(functools.partial(apply_table_write, roots=config.warehouse_roots,
+                                              tables=tables.tables), Checkpointer())
     checker = WriteChecker(LayoutCache(tables.entries), roots=config.warehouse_roots)
 
     def build(store: Store) -> TransactionCoordinator:

@@ -8,15 +8,24 @@
    first requests, against the same with an empty store; store size.
 3. Retention: one full prune of that history past the horizon (in-process, as the daemon's
    resolver runs it), rows left, live store size, and restart time after it.
+4. A table's life: requests and ms per real percolake batch of 3 tables (without Spark:
+   ``scripts/_lakebatch.py``) at Delta versions 10, 100, 1,000 and 10,000, on local tables and
+   on S3 (moto on 127.0.0.1, requests counted in its access log), with checkpoints every 10
+   versions (this branch: ``percolake.lake.checkpoints``) and, up to 100 versions on S3 and
+   1,000 locally, without any checkpoint (the log replayed from version 0). The versions are
+   built by writing log entries directly; the batches measured are real.
 
     python scripts/bench_growth.py --quick --json /tmp/growth.json
+    python scripts/bench_growth.py --life-only --versions 10,100,1000,10000
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _benchlib as bl  # noqa: E402
+import _lakebatch as lb  # noqa: E402
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
 from coordinator.oracle import LOGICAL_BITS  # noqa: E402
@@ -200,6 +210,124 @@ def prune_all(data_dir: Path, warehouse: Path, hours: float) -> dict:
             "idle_pass_ms": idle_pass * 1e3, "second_pass": again}
 
 
+
+PHASES = ("schema check", "open", "data files", "commit", "3 applies", "report")
+NO_CHECKPOINT_UPTO = {"local": 1000, "s3": 100}  # beyond: minutes per batch, not measured
+
+
+class _Deferred:
+    """Collects what the applies hand to the checkpointer: released after the batch's timed
+    window, so its requests are counted apart (it runs off the batch's path)."""
+
+    def __init__(self) -> None:
+        self.handed: list[tuple[str, int]] = []
+
+    def applied(self, table: str, version: int) -> None:
+        self.handed.append((table, version))
+
+
+def table_life(work: Path, stores: list[str], levels: list[int], batches: int) -> list[dict]:
+    """Requests and ms per batch at each Delta version level, per store and checkpointing."""
+    from percolake.lake.checkpoints import Checkpointer
+
+    moto = None
+    log_path = work / "moto.log"
+    roots: dict[str, str] = {"local": str(work / "life")}
+    Path(roots["local"]).mkdir(parents=True, exist_ok=True)
+    if "s3" in stores:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.s3_support import MotoServer
+
+        moto = MotoServer(log_path=log_path).start()
+        os.environ.update(moto.env())
+        roots["s3"] = f"s3://{moto.create_bucket('growth')}/life"
+    daemon = DaemonProcess(work / "data-life", list(roots.values()),
+                           env=moto.env() if moto else None, extra_args=DAEMON_ARGS)
+    daemon.start()
+    rows: list[dict] = []
+    try:
+        for store in stores:
+            for level in levels:
+                for mode in ("none", "every 10"):
+                    if mode == "none" and level > NO_CHECKPOINT_UPTO[store]:
+                        continue
+                    rows.append(_life_run(daemon.target, roots[store], store, level, mode,
+                                          batches, log_path if moto else None, Checkpointer))
+                    row = rows[-1]
+                    print(f"{store:5s} v{level:>6,} checkpoints {mode:8s}: batch p50 "
+                          f"{row['batch_ms']:.1f} ms, {row['requests']} requests/batch",
+                          flush=True)
+    finally:
+        daemon.stop()
+        if moto is not None:
+            moto.stop()
+    return rows
+
+
+def _life_run(target: str, root: str, store: str, level: int, mode: str, batches: int,
+              log_path: Path | None, checkpointer_class: type) -> dict:
+    from percolake.lake.delta_commit import open_table
+
+    run = f"life-{store}-{level}-{mode.replace(' ', '')}-{uuid.uuid4().hex[:6]}"
+    tables = [f"{root}/{run}/t{k}" for k in range(3)]
+    if store == "local":
+        tables = ["file://" + t for t in tables]
+    pipeline = run
+    first = lb.ProtocolBatches(target, pipeline, tables)
+    first.run(0)  # creates the tables (version 0)
+    first.close()
+    t0 = time.monotonic()
+    for table in tables:
+        lb.grow_log(table, pipeline, level, 10 if mode == "every 10" else 10**9)
+    build_s = time.monotonic() - t0
+    assert all(open_table(t).version() == level for t in tables)
+    checkpointer = checkpointer_class()
+    deferred = _Deferred()
+    runner = lb.ProtocolBatches(target, pipeline, tables,
+                                deferred if mode == "every 10" else None)
+    mark = (lambda: log_path.stat().st_size) if log_path else (lambda: 0)  # noqa: E731
+    times, requests, checkpoint_requests = [], [], []
+    profiles: list[list[dict[str, int]]] = []
+    for k in range(batches + 1):  # the first one warms the participant's layout cache
+        batch = runner.run(level + 1 + k, mark)
+        if log_path is not None:
+            phases = [bl.request_kinds(bl.moto_requests(log_path, run, a))
+                      for a in batch.marks[:-1]]
+            # each phase's own: from its mark to the next (later phases subtracted)
+            own = [{kind: n - phases[i + 1].get(kind, 0) for kind, n in phase.items()}
+                   if i + 1 < len(phases) else phase for i, phase in enumerate(phases)]
+            counted = sum(phases[0].values())
+        before = mark()
+        for table, version in deferred.handed:
+            checkpointer.applied(table, version)
+        deferred.handed.clear()
+        checkpointer.flush(600)
+        if k == 0:
+            continue
+        times.append(batch)
+        if log_path is not None:
+            requests.append(counted)
+            profiles.append(own)
+            checkpoint_requests.append(len(bl.moto_requests(log_path, run, before)))
+    checkpointer.close()
+    runner.close()
+    median = statistics.median
+    return {"store": store, "level": level, "mode": mode, "build_s": build_s,
+            "batches": len(times),
+            "batch_ms": median(t.batch for t in times) * 1e3,
+            "schema_check_ms": median(t.schema_check for t in times) * 1e3,
+            "open_ms": median(t.open for t in times) * 1e3,
+            "commit_ms": median(t.commit for t in times) * 1e3,
+            "apply_ms": median(t.apply for t in times) * 1e3,
+            "report_ms": median(t.report for t in times) * 1e3,
+            "requests": median(requests) if requests else "–",
+            # a checkpoint is due every 10th batch: the mean per batch, not the median
+            "checkpoint_requests": statistics.fmean(checkpoint_requests)
+            if checkpoint_requests else "–",
+            # S3 requests of the last batch measured by phase and kind
+            "profile": dict(zip(PHASES, profiles[-1], strict=True)) if profiles else {}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -207,6 +335,12 @@ def main() -> int:
     parser.add_argument("--history", type=int, help="historical transactions to bulk-load")
     parser.add_argument("--no-append", action="store_true")
     parser.add_argument("--workdir")
+    parser.add_argument("--life-only", action="store_true",
+                        help="only the table's life (batch cost at many Delta versions)")
+    parser.add_argument("--versions", default="10,100,1000,10000",
+                        help="the Delta version levels of the table's life")
+    parser.add_argument("--stores", default="local,s3")
+    parser.add_argument("--batches", type=int, help="batches measured per level")
     args = parser.parse_args()
     history = args.history or (100_000 if args.quick else 1_000_000)
     budget = 2.0 if args.quick else 6.0
@@ -219,8 +353,15 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="percolake-growth-"))
     warehouse = work / "warehouse"
     warehouse.mkdir(parents=True, exist_ok=True)
-    result: dict = {"machine": info, "shapes": [], "history": {}}
+    result: dict = {"machine": info, "shapes": [], "history": {}, "life": []}
     try:
+        result["life"] = table_life(work, args.stores.split(","),
+                                    [int(v) for v in args.versions.split(",")],
+                                    args.batches or (3 if args.quick else 5))
+        if args.life_only:
+            bl.publish("bench_growth", info, render_life(result["life"]), result, args.json,
+                       not args.no_append)
+            return 0
         daemon = DaemonProcess(work / "data-shapes", [str(warehouse)], extra_args=DAEMON_ARGS)
         daemon.start()
         try:
@@ -259,8 +400,34 @@ def main() -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     result["restart_to_serving_s"] = result["history"]["restart"]["to_serving_s"]
-    bl.publish("bench_growth", info, render(result), result, args.json, not args.no_append)
+    bl.publish("bench_growth", info, render_life(result["life"]) + "\n" + render(result),
+               result, args.json, not args.no_append)
     return 0
+
+
+def render_life(rows: list[dict]) -> str:
+    table = bl.table(
+        ["store", "Delta version", "checkpoints", "batch ms p50", "schema check", "open",
+         "commit", "3 applies", "report (background)", "S3 requests/batch",
+         "checkpoint requests/batch (mean, background)", "build s"],
+        [[r["store"], f"{r['level']:,}", r["mode"], r["batch_ms"], r["schema_check_ms"],
+          r["open_ms"], r["commit_ms"], r["apply_ms"], r["report_ms"],
+          r["requests"] if r["store"] != "local" else "–",
+          r["checkpoint_requests"] if r["store"] != "local" else "–", r["build_s"]]
+         for r in rows])
+    profiled = [r for r in rows if r.get("profile")]
+    if profiled:
+        table += ("\n\nS3 requests of one batch by phase and kind (the last measured):\n\n"
+                  + bl.table(["Delta version", "checkpoints", *PHASES], [
+                      [f"{r['level']:,}", r["mode"], *(
+                          " ".join(f"{k} {n}" for k, n in sorted(r["profile"][p].items()) if n)
+                          or "0" for p in PHASES)] for r in profiled]))
+    return ("A table's life: one real percolake batch of 3 tables (schema check, Open, Commit "
+            "with the daemon's write check, 3 Delta commits side by side; ReportApplied timed "
+            "apart, as the participant sends it in the background) at each Delta version; "
+            "median ms; S3 requests of the batch and of the checkpoints written after it "
+            "(moto's access log; ReportApplied's own reads included in the batch's):\n\n"
+            + table + "\n")
 
 
 def render(result: dict) -> str:

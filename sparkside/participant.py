@@ -24,8 +24,10 @@ from percolake import codec
 from percolake.credentials import ClientSecurity
 from percolake.errors import ProtocolError
 from percolake.failpoints import fail_point
+from percolake.lake.checkpoints import Checkpointer
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.table_cache import TableCache
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
 from percolake.parallel import in_parallel
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
@@ -312,6 +314,11 @@ class Participant:
         self._expected_tables: list[str] = []
         # ReportApplied off the batch's path: sent in the background, else carried by an Open.
         self._reports = DeferredReports(self.client)
+        # Delta checkpoints of the versions its applies reach, at each table's
+        # delta.checkpointInterval, written in the background (docs/checkpoints.md)
+        self._checkpoints = Checkpointer()
+        # each table's delta-rs state kept between batches and advanced, not loaded per apply
+        self._tables = TableCache().tables
 
     def wrap(self, fn: UserFunction) -> Callable[[DataFrame, int], None]:
         """The function to hand to ``writeStream.foreachBatch``."""
@@ -389,7 +396,13 @@ class Participant:
         """Waits up to ``report_wait_s`` for applied reports still being sent (one not sent is
         rolled forward by the coordinator), then closes the channel."""
         self._reports.close(report_wait_s)
+        self._checkpoints.close(report_wait_s)
         self.client.close()
+
+    def wait_for_checkpoints(self, timeout_s: float = 30.0) -> bool:
+        """Waits up to ``timeout_s`` for the checkpoints due after the last batches (written
+        off the batch's path). True when none is under way."""
+        return self._checkpoints.flush(timeout_s)
 
     # ---------------------------------------------------------------- internals
 
@@ -510,7 +523,9 @@ class Participant:
 
         def commit_table(item: tuple[str, TableWriteRecord]) -> pb.AppliedTable:
             version = apply_table_write(item[1], app_id=app_id, app_version=txn.batch_id,
-                                        txn_id=txn.txn_id, commit_ts=txn.commit_ts)
+                                        txn_id=txn.txn_id, commit_ts=txn.commit_ts,
+                                        tables=self._tables)
+            self._checkpoints.applied(item[1].table, version)
             fail_point("after-secondary", txn.batch_id)
             return pb.AppliedTable(table=item[0], delta_version=version)
 

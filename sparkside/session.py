@@ -67,6 +67,12 @@ S3_CONNECTOR = (
 )
 S3_CONNECTOR_EXCLUDES = ("software.amazon.awssdk:bundle",)
 S3A_PREFIX = "spark.hadoop.fs.s3a."
+# delta-spark rebuilds a table version's state (its checkpoint and the log entries after it) in
+# this many tasks, 50 unless set: each read of a new version of a small table then runs 50
+# tiny tasks. With a checkpoint every 10 versions (percolake.lake.checkpoints) a version's log
+# is small; a local session gets one task per core, any other CLUSTER_SNAPSHOT_PARTITIONS.
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+CLUSTER_SNAPSHOT_PARTITIONS = 8
 
 _announced: set[str] = set()
 
@@ -90,14 +96,17 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
     - ``spark.pyspark.python`` and ``PYSPARK_PYTHON`` (the one a session started from Python
       reads): this interpreter (or the ``spark.pyspark.python`` the builder has), so that
       executors run the same Python; a ``PYSPARK_PYTHON`` already set is the user's choice.
+    - ``spark.databricks.delta.snapshotPartitions`` (delta-spark's tasks for rebuilding a
+      table version's state, 50 by default) sized for the small logs that checkpoints every
+      10 versions leave: ``snapshot_partitions`` of the builder's master.
     - when ``warehouse`` (a root or table URI, or several) is on S3: Hadoop's S3 connector
       (``S3_CONNECTOR``, for delta-spark's reads through ``s3a://``) and ``spark.hadoop.fs.s3a.*``
       from the AWS variables or profile (``percolake.lake.storage``), each only where the
       builder has no value of its own. They hold credentials: Spark redacts them in its UI.
 
     Settings the builder already has are kept: lists (packages, excludes, extensions) are
-    extended, ``spark_catalog`` and ``spark.pyspark.python`` (or ``PYSPARK_PYTHON``) are left
-    as they are. Calling it twice changes nothing the second time.
+    extended, ``spark_catalog``, the snapshot partitions and ``spark.pyspark.python`` (or
+    ``PYSPARK_PYTHON``) are left as they are. Calling it twice changes nothing the second time.
     """
     options = _options(builder)
     on_object_store = any(is_object_store(u) for u in _uris(warehouse))
@@ -111,6 +120,8 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
             builder = builder.config(key, value)
     builder = _extend(builder, options, "spark.sql.extensions", [DELTA_EXTENSION])
     builder = _default(builder, options, "spark.sql.catalog.spark_catalog", DELTA_CATALOG)
+    builder = _default(builder, options, SNAPSHOT_PARTITIONS,
+                       str(snapshot_partitions(options.get("spark.master", ""))))
     if not os.environ.get("PYSPARK_PYTHON"):
         builder = _default(builder, options, PYTHON_KEY, sys.executable)
         # PySpark started from Python takes its workers' interpreter from this variable alone
@@ -118,6 +129,20 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
         os.environ["PYSPARK_PYTHON"] = _options(builder)[PYTHON_KEY]
     _announce_first_fetch(_options(builder))
     return builder
+
+
+def snapshot_partitions(master: str) -> int:
+    """delta-spark's state-reconstruction tasks for a session on ``master``: a local master's
+    cores (``local[4]``: 4, ``local[*]``: this machine's), else CLUSTER_SNAPSHOT_PARTITIONS."""
+    if master == "local":
+        return 1
+    if master.startswith("local["):
+        cores = master[len("local["):].split(",")[0].rstrip("]")
+        if cores == "*":
+            return os.cpu_count() or 1
+        if cores.isdigit() and int(cores) > 0:
+            return int(cores)
+    return CLUSTER_SNAPSHOT_PARTITIONS
 
 
 def run_executors_on_driver_python(context: SparkContext) -> None:
@@ -145,9 +170,6 @@ def local_spark(app_name: str = "percolake", cores: int = 2,
     executor cores. ``conf`` is applied first, as a user's own settings."""
     builder = (SparkSession.builder.master(master or f"local[{cores}]").appName(app_name)
                .config("spark.sql.shuffle.partitions", str(cores))
-               # delta-spark rebuilds a version's state in 50 tasks by default: tiny local
-               # tables then take ~4 s a read instead of ~0.8 s
-               .config("spark.databricks.delta.snapshotPartitions", str(cores))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")

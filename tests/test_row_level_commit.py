@@ -20,6 +20,7 @@ from percolake.errors import FailedPrecondition, InvalidArgument, TableQuarantin
 from percolake.lake import delta_commit
 from percolake.lake import log_entry as log_entry_module
 from percolake.lake.arrow_read import read_delta_table
+from percolake.lake.checkpoints import Checkpointer
 from percolake.lake.conflicts import RowLevelConflict, check_row_level_write
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import CannotApplyAsRead, apply_table_write, files_of_version
@@ -244,9 +245,10 @@ def test_an_apply_stopped_at_a_row_level_failpoint_applies_once_when_run_again(t
     assert DeltaTable(str(table)).version() == 1 and rows(table) == [(1, 10), (2, 25)]
 
 
-def test_a_row_level_commit_at_the_checkpoint_interval_writes_the_checkpoint(tmp_path):
-    """As delta-rs's own commits do: a log entry of ours at a multiple of
-    delta.checkpointInterval leaves a checkpoint that delta-rs reads the table from."""
+def test_a_row_level_commit_at_the_checkpoint_interval_gets_the_checkpoint(tmp_path):
+    """A log entry of ours at a multiple of delta.checkpointInterval gets its checkpoint from
+    the applier's Checkpointer (off the batch's path, docs/checkpoints.md), which delta-rs then
+    reads the table from."""
     path = tmp_path / "t"
     write_deltalake(str(path), pa.table({"id": [1, 2, 3], "value": [10, 20, 30]}),
                     configuration={"delta.checkpointInterval": "2"})
@@ -265,6 +267,9 @@ def test_a_row_level_commit_at_the_checkpoint_interval_writes_the_checkpoint(tmp
         remove_files=tuple(RemoveFileRecord(f.path, f.size, {}) for f in files.files),
         read_version=version, operation="UPDATE")
     assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 2
+    checkpointer = Checkpointer()
+    checkpointer.applied(f"file://{path}", 2)
+    assert checkpointer.close()
     assert (path / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
     assert rows(path) == [(1, 10), (2, 20), (3, 30), (4, 41)]
 

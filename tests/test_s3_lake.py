@@ -342,3 +342,27 @@ def test_a_merge_schema_write_on_s3_commits_its_new_column_with_the_data_exactly
     assert sorted(zip(data.column("x").to_pylist(), data.column("note").to_pylist(),
                       strict=True)) == [(1, None), (2, "new")]
     assert storage.put_object_if_absent(commit_uri(table, 1), b"{}") is False
+
+
+def test_checkpoints_their_hint_and_log_cleanup_on_s3(moto_server, table, s3_bucket):
+    from percolake.lake.checkpoints import Checkpointer, last_checkpoint_version
+    from percolake.lake.log_cleanup import clean_log
+
+    checkpointer = Checkpointer()
+    for batch in range(12):
+        write = write_of(table, [upload(moto_server, table, f"t{batch}", [batch])])
+        checkpointer.applied(table, apply(write, f"t{batch}", batch))
+    assert checkpointer.flush()
+    assert last_checkpoint_version(table) == 10
+    moto_server.filesystem().delete_file(f"{s3_bucket}/wh/t/_delta_log/_last_checkpoint")
+    again = Checkpointer()  # as after a writer that died before the hint
+    again.applied(table, 11)
+    assert again.flush()
+    assert last_checkpoint_version(table) == 10
+    later = int(time.time() * 1000) + 31 * 24 * 3600 * 1000
+    assert clean_log(table, 11, {}, later) == [f"{v:020d}.json" for v in range(10)]
+    log = moto_server.keys(s3_bucket, "wh/t/_delta_log/")
+    assert f"wh/t/_delta_log/{9:020d}.json" not in log
+    assert len(rows(table)) == 12 and len(rows(table, 10)) == 11
+    checkpointer.close()
+    again.close()

@@ -14,6 +14,7 @@ Delta versions follow commit_ts order (I7).
 from coordinator.core.applying import Applying
 from coordinator.core.fencing import Fencing
 from coordinator.core.leases import Leases
+from coordinator.core.log_retention import LogRetention
 from coordinator.core.maintenance import Maintenance
 from coordinator.core.opening import Opening
 from coordinator.core.pipelines import Pipelines
@@ -29,6 +30,7 @@ __all__ = ["CoordinatorConfig", "CoreState", "Snapshot", "TransactionCoordinator
 
 
 class TransactionCoordinator(Pipelines, Opening, Writing, Applying, Snapshots, Maintenance,
-                             Fencing, Topology, Leases, Vacuuming, Revising, Quarantining):
+                             Fencing, Topology, Leases, Vacuuming, Revising, Quarantining,
+                             LogRetention):
     """The coordinator's core: every RPC of the service is one method here, each request
     family in its own module over one shared state (``CoreState``)."""

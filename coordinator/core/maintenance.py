@@ -135,6 +135,7 @@ class Maintenance(CoreState):
                 if time.monotonic() - last_prune >= self.config.retention_interval_s:
                     last_prune = time.monotonic()
                     self.prune_history()
+                    self.clean_logs()  # LogRetention's: after the floor moved
                 if time.monotonic() - last_lease_sweep >= LEASE_SWEEP_INTERVAL_S:
                     last_lease_sweep = time.monotonic()
                     self.drop_expired_leases()  # Leases'

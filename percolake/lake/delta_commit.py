@@ -27,7 +27,7 @@ from typing import NamedTuple
 from urllib.parse import unquote
 
 import pyarrow
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
@@ -63,6 +63,11 @@ TXN_ID_KEY = "percolake.txn_id"
 COMMIT_TS_KEY = "percolake.commit_ts"
 OPERATION_KEY = "percolake.operation"  # a row-level commit's operations, as the write names them
 MAX_ATTEMPTS = 20
+# delta-rs's post-commit hook would checkpoint inline every 100th version and then delete log
+# entries blind to leases: checkpoints come from percolake.lake.checkpoints (off the batch's
+# path, at the table's delta.checkpointInterval), log cleanup from the coordinator.
+NO_POST_COMMIT_HOOK = PostCommitHookProperties(create_checkpoint=False,
+                                               cleanup_expired_logs=False)
 
 
 class CannotApplyAsRead(FailedPrecondition):
@@ -226,7 +231,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 create_table_with_add_actions(
                     delta_uri(write.table), schema, _adds(write, {}), mode="error",
                     partition_by=list(write.partition_by) or None,
-                    commit_properties=properties, storage_options=options or None)
+                    commit_properties=properties, storage_options=options or None,
+                    post_commithook_properties=NO_POST_COMMIT_HOOK)
                 return 0
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
@@ -242,7 +248,6 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 if put_entry(write.table, table.version() + 1, entry):
                     fail_point("after-row-level-entry", app_version)
                     table.update_incremental()
-                    _checkpoint_if_due(table, write.table)
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 log.info("concurrent Delta commit; re-checking", extra={
                     "table": write.table, "txn_id": txn_id, "attempt": attempt})
@@ -265,7 +270,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             table.create_write_transaction(
                 actions, mode, schema if mode == "append" else table.schema(),
                 partition_by=list(write.partition_by) or None, partition_filters=filters,
-                commit_properties=properties)
+                commit_properties=properties, post_commithook_properties=NO_POST_COMMIT_HOOK)
             table.update_incremental()
             return _version_of(table, txn_id, app_id, app_version, write.table)
         except (DeltaError, TableNotFoundError) as exc:
@@ -285,20 +290,6 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 tables.keep(write.table, table)
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
-
-
-def _checkpoint_if_due(table: DeltaTable, table_uri: str) -> None:
-    """What delta-rs's post-commit hook does after its own commits: a checkpoint at every
-    ``delta.checkpointInterval``-th version (100 by default). Only an optimisation of later
-    reads: a failure is logged, never raised (the write is committed and applied)."""
-    interval = int(table.metadata().configuration.get("delta.checkpointInterval") or 100)
-    if interval <= 0 or table.version() % interval:
-        return
-    try:
-        table.create_checkpoint()
-    except (DeltaError, OSError) as exc:
-        log.warning("could not write the Delta checkpoint", extra={
-            "table": table_uri, "version": table.version(), "error": str(exc)})
 
 
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:

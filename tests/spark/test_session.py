@@ -21,13 +21,16 @@ from percolake.lake.storage import StorageSettingsError
 from sparkside import configure_spark
 from sparkside import session as sessions
 from sparkside.session import (
+    CLUSTER_SNAPSHOT_PARTITIONS,
     DELTA_CATALOG,
     DELTA_EXTENSION,
     S3_CONNECTOR,
+    SNAPSHOT_PARTITIONS,
     SPARK_PROVIDED,
     delta_package,
     first_fetch_notice,
     run_executors_on_driver_python,
+    snapshot_partitions,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +77,18 @@ def test_configure_spark_keeps_the_users_settings_and_is_idempotent(monkeypatch)
     assert once["spark.sql.catalog.spark_catalog"] == "org.example.Catalog"
     assert once["spark.pyspark.python"] == "/opt/python/bin/python3"
     assert options(configure_spark(builder)) == once
+
+
+def test_delta_spark_state_reconstruction_is_sized_for_small_logs_unless_the_user_set_it():
+    assert snapshot_partitions("local[3]") == 3
+    assert snapshot_partitions("local[*]") == (os.cpu_count() or 1)
+    assert snapshot_partitions("local") == 1
+    assert snapshot_partitions("spark://127.0.0.1:7077") == CLUSTER_SNAPSHOT_PARTITIONS
+    got = options(configure_spark(SparkSession.builder.master("local[3]")))
+    assert got[SNAPSHOT_PARTITIONS] == "3"
+    kept = options(configure_spark(SparkSession.builder.master("local[3]")
+                                   .config(SNAPSHOT_PARTITIONS, "50")))
+    assert kept[SNAPSHOT_PARTITIONS] == "50"
 
 
 @pytest.fixture
