@@ -341,7 +341,7 @@ def _check_file_path(table: str, path: str, prefix: str) -> None:
         raise InvalidArgument(f"table {table}: file path {path!r} contains a NUL character")
 
 
-ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE")
+ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE", "WRITE")  # WRITE: an append beside them
 
 
 def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
