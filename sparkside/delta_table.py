@@ -46,7 +46,7 @@ class TransactionDeltaTable:
         state = self._state()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, matched)
+        touched = _files_where(target, condition_column(condition))
         observation = Observation("percolake_delete")
         rows = self._rows(state, touched).observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
@@ -65,7 +65,7 @@ class TransactionDeltaTable:
         target = self._frame(state)
         names = _resolve(state, assignments, "UPDATE")
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, matched)
+        touched = _files_where(target, condition_column(condition))
         if not touched:
             state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0})
             return
@@ -232,9 +232,10 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     metrics: dict[str, int] = {}
     touched: list[str] = []
     if matched:  # also when by_source: the several-matches check holds for every MERGE
-        touched = _touched_by_matches(target, source.observe(source_rows, F.count(F.lit(1))
-                                                             .alias("numSourceRows")),
-                                      condition, columns, matched)
+        touched = _touched_by_matches(
+            state, table, target, source, source.observe(
+                source_rows, F.count(F.lit(1)).alias("numSourceRows")),
+            condition, columns, matched)
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
     if by_source:  # every target row may change
@@ -305,29 +306,42 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     return metrics
 
 
-def _touched_by_matches(target: DataFrame, source: DataFrame, condition: Column,
+def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame,
+                        source: DataFrame, observed_source: DataFrame, condition: Column,
                         columns: list[str], matched: list[_Clause]) -> list[str]:
     """The files holding target rows the condition matches; fails as delta-spark does when
     several source rows match one target row (unless the only matched clause is an
-    unconditional delete), naming that row."""
-    pairs = target.withColumn(ROW_ID, F.monotonically_increasing_id()).join(
-        source, condition, "inner")
-    per_row = pairs.groupBy(ROW_ID, FILE).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.first(F.struct(*[target[c] for c in columns])).alias("row"))
-    per_file = per_row.groupBy(FILE).agg(F.max("n").alias("n"),
-                                         F.max_by("row", "n").alias("row")).collect()
+    unconditional delete), naming that row.
+
+    The join is deterministic so that Spark pushes the condition's target-only predicates
+    into the Delta scan (partition and statistics pruning); a target row is told apart by its
+    file and a hash of its values. Only files where such a key met several source rows (equal
+    rows, or a hash collision) are read again, alone, with a row id, for the exact count."""
+    hashable = [target[c] for c in columns
+                if not isinstance(target.schema[c].dataType, T.MapType)]
+    key = F.xxhash64(*hashable) if hashable else F.lit(0)
+    per_key = target.join(observed_source, condition, "inner").groupBy(
+        F.col(FILE), key.alias(ROW_ID)).agg(F.count(F.lit(1)).alias("n"))
+    per_file = per_key.groupBy(FILE).agg(F.max("n").alias("n")).collect()
+    touched = [r[FILE] for r in per_file]
     unambiguous = (len(matched) == 1 and matched[0].action == "delete"
                    and matched[0].condition is None)
-    worst = max(per_file, key=lambda r: r["n"], default=None)
-    if worst is not None and worst["n"] > 1 and not unambiguous:
+    suspects = [r[FILE] for r in per_file if r["n"] > 1]
+    if unambiguous or not suspects:
+        return touched
+    rows = table._rows(state, suspects).withColumn(ROW_ID, F.monotonically_increasing_id())
+    worst = rows.join(source, condition, "inner").groupBy(ROW_ID).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.first(F.struct(*[rows[c] for c in columns])).alias("row")).orderBy(
+            F.desc("n")).first()
+    if worst is not None and worst["n"] > 1:
         raise MultipleSourceRowsMatch(
             f"[{MultipleSourceRowsMatch.ERROR_CLASS}] Cannot perform Merge as multiple source "
             "rows matched and attempted to modify the same target row in the Delta table in "
             f"possibly conflicting ways: {worst['n']} source rows match the target row "
             f"{worst['row'].asDict()}. Preprocess the source so that at most one of its rows "
             "matches each target row (e.g. keep the latest change per key).")
-    return [r[FILE] for r in per_file]
+    return touched
 
 
 def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame,
