@@ -134,6 +134,9 @@ class LimitsInterceptor(grpc.ServerInterceptor):
         self.max_concurrent_rpcs = max_concurrent_rpcs
         self.max_message_bytes = max_message_bytes
         self.rate = rate
+        # method -> (the servicer's handler, its limited handler): built once per method, as
+        # the servicer's handler never changes (a call over the limit gets its own refusal)
+        self._limited_handlers: dict[str, tuple[Any, Any]] = {}
         self.streams = StreamSlots(max_streams)
 
     def intercept_service(self, continuation: Callable[[Any], Any],
@@ -150,10 +153,15 @@ class LimitsInterceptor(grpc.ServerInterceptor):
                 f"--max-concurrent-rpcs {self.max_concurrent_rpcs}; retry with backoff"))
         if handler.request_streaming or handler.response_streaming:
             return self._bounded_stream(handler)
-        return grpc.unary_unary_rpc_method_handler(
+        built = self._limited_handlers.get(method)
+        if built is not None and built[0] is handler:
+            return built[1]
+        limited = grpc.unary_unary_rpc_method_handler(
             self._limited(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)
+        self._limited_handlers[method] = (handler, limited)
+        return limited
 
     def _limited(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         def handle(request: Any, context: grpc.ServicerContext) -> Any:

@@ -134,6 +134,12 @@ class CoreCollector(Collector):
         yield leader
         if core is not None:
             yield from _view_metrics(*core.metrics_view())
+            quarantined = GaugeMetricFamily(
+                "percolake_quarantined_tables",
+                "Tables quarantined because a committed row-level write cannot be applied as "
+                "it read them (docs/row-level-writes.md): each needs an operator's choice")
+            quarantined.add_metric([], core.quarantined_count())
+            yield quarantined
             yield from _topology_metrics(core)
 
 

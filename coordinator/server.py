@@ -62,7 +62,13 @@ class _Malformed:
 class MalformedRequestInterceptor(grpc.ServerInterceptor):
     """Request bytes that are not a protobuf message of the method's request type (garbage, a
     truncated message, a string field that is not UTF-8) are answered INVALID_ARGUMENT naming
-    the method; grpcio itself would answer INTERNAL. Covers every service of the server."""
+    the method; grpcio itself would answer INTERNAL. Covers every service of the server.
+
+    The checked handler of a method is built once for each handler the inner interceptors
+    return (the same object call after call, but for a refusal of their own)."""
+
+    def __init__(self) -> None:
+        self._checked: dict[str, tuple[Any, Any]] = {}  # method -> (inner, checked) handler
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -70,6 +76,15 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.request_deserializer is None:
             return handler
         method = handler_call_details.method
+        built = self._checked.get(method)
+        if built is not None and built[0] is handler:
+            return built[1]
+        checked_handler = self._checked_handler(handler, method)
+        self._checked[method] = (handler, checked_handler)
+        return checked_handler
+
+    @staticmethod
+    def _checked_handler(handler: Any, method: str) -> Any:
         behavior = (handler.unary_unary or handler.unary_stream or handler.stream_unary
                     or handler.stream_stream)
         checked = (_checked_stream(behavior, method) if handler.request_streaming
@@ -323,18 +338,21 @@ def _credential_needed(access: http_serving.HttpAccess) -> str:
 
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
     """Builds a core on a store: loads pipelines, unfinished transactions, the oracle mark."""
-    from percolake.lake.delta_commit import (  # deltalake loads only to serve
-        apply_table_write,
-        is_commit_of,
-    )
-    from percolake.lake.write_check import WriteChecker
+    from percolake.lake.delta_commit import apply_table_write  # deltalake loads only to serve
+    from percolake.lake.table_cache import TableCache
+    from percolake.lake.write_check import LayoutCache, WriteChecker
 
-    applier = functools.partial(apply_table_write, roots=config.warehouse_roots)
-    checker = WriteChecker(roots=config.warehouse_roots)
+    # Each table's log state is kept across requests and advanced, never reloaded whole: the
+    # reports' entries, the write check's layouts and the roll-forward's delta-rs tables.
+    tables = TableCache()
+    applier = functools.partial(apply_table_write, roots=config.warehouse_roots,
+                                tables=tables.tables)
+    checker = WriteChecker(LayoutCache(tables.entries), roots=config.warehouse_roots)
 
     def build(store: Store) -> TransactionCoordinator:
         return TransactionCoordinator(store, config, applier=applier,
-                                      applied_check=is_commit_of, write_check=checker.check)
+                                      applied_check=tables.entries.is_commit_of,
+                                      write_check=checker.check)
 
     return build
 

@@ -34,6 +34,7 @@ from percolake.errors import (
     StoreUnavailable,
 )
 from percolake.leader import LEADER_METADATA_KEY, RETRY_METADATA
+from percolake.records import QuarantineChoice, QuarantineRecord
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -443,3 +444,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             canonical_table=result.table, removed_files=result.removed_files,
             oldest_needed_version=-1 if result.oldest_needed_version is None
             else result.oldest_needed_version, kept_for=result.kept_for)
+
+    @rpc
+    def ListQuarantines(self, core, request, context):  # noqa: N802
+        return pb.ListQuarantinesResponse(quarantines=[
+            quarantine_to_pb(q) for q in core.list_quarantines(request.include_released,
+                                                                request.pipeline_id)])
+
+    @rpc
+    def ReleaseQuarantine(self, core, request, context):  # noqa: N802
+        if request.choice not in _CHOICES:
+            raise InvalidArgument("choice must be QUARANTINE_REAPPLY or QUARANTINE_ABANDON")
+        return quarantine_to_pb(core.release_quarantine(
+            request.table, request.txn_id, _CHOICES[request.choice],
+            validation.clean_reason(request.reason)))
+
+
+_CHOICES = {pb.QUARANTINE_REAPPLY: QuarantineChoice.REAPPLY,
+            pb.QUARANTINE_ABANDON: QuarantineChoice.ABANDON}
+
+
+def quarantine_to_pb(record: QuarantineRecord) -> pb.TableQuarantine:
+    choice = {v: k for k, v in _CHOICES.items()}.get(record.choice,
+                                                     pb.QUARANTINE_CHOICE_UNSPECIFIED)
+    return pb.TableQuarantine(
+        table=record.table, txn_id=record.txn_id, reason=record.reason,
+        quarantined_unix_ms=record.quarantined_ms, choice=choice, chosen_by=record.chosen_by,
+        chosen_unix_ms=record.chosen_ms, choice_reason=record.choice_reason,
+        as_of_version=record.as_of_version, released_unix_ms=record.released_ms,
+        delta_version=record.delta_version)

@@ -295,17 +295,19 @@ def check_table_write(write: TableWriteRecord, txn_id: str, max_bytes: int) -> N
     missing = [c for c in write.partition_by if c not in columns]
     if missing:
         raise InvalidArgument(f"table {write.table}: partition columns {missing} not in schema")
-    _check_files(write, txn_id)
+    rows = _check_files(write, txn_id)
     _check_partitions(write)
     _check_row_level(write, txn_id)
-    size = len(json.dumps(write.to_json()))
+    size = len(write.json_text)  # the encoding the store keeps (encoded once, reused there)
     if size > max_bytes:
         raise ResourceExhausted(
             f"table {write.table}: write intent is {size} bytes, over the limit of {max_bytes}; "
             "write fewer, larger files per batch (it is never truncated)")
+    write.remember_row_count(rows)
 
 
-def _check_files(write: TableWriteRecord, txn_id: str) -> None:
+def _check_files(write: TableWriteRecord, txn_id: str) -> int:
+    """The files' paths, numbers and stats; returns their rows (numRecords added up)."""
     counts = Counter(add.path for add in write.add_files)
     if len(counts) != len(write.add_files):
         twice = sorted(p for p, n in counts.items() if n > 1)[:3]
@@ -328,6 +330,7 @@ def _check_files(write: TableWriteRecord, txn_id: str) -> None:
     if size > MAX_WRITE_BYTES:
         raise InvalidArgument(f"table {write.table}: the files' sizes add up to {size} bytes; "
                               f"at most {MAX_WRITE_BYTES} in one table's write")
+    return rows
 
 
 def _check_file_path(table: str, path: str, prefix: str) -> None:
@@ -341,7 +344,9 @@ def _check_file_path(table: str, path: str, prefix: str) -> None:
         raise InvalidArgument(f"table {table}: file path {path!r} contains a NUL character")
 
 
-ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE", "WRITE")  # WRITE: an append beside them
+# WRITE: an append of the batch beside its row-level operations on the table
+ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE", "OPTIMIZE", "WRITE")
+REARRANGING_OPERATION = "OPTIMIZE"  # alone, and the only one with data_change=False
 
 
 def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
@@ -359,10 +364,24 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
     if not all(op in ROW_LEVEL_OPERATIONS for op in operations):
         raise InvalidArgument(f"table {table}: operation {write.operation[:80]!r} must list "
                               f"{'/'.join(ROW_LEVEL_OPERATIONS)} separated by commas")
+    if REARRANGING_OPERATION in operations and len(operations) > 1:
+        raise InvalidArgument(f"table {table}: {REARRANGING_OPERATION} is a write of its own, "
+                              "never composed with other operations")
+    if (write.operation == REARRANGING_OPERATION) == write.data_change:
+        raise InvalidArgument(f"table {table}: a write only rearranges rows "
+                              "(rearranges_only, Delta's dataChange=false) exactly when its "
+                              f"operation is {REARRANGING_OPERATION}")
     if write.operation_metrics:
         metrics = parse_json(f"table {table}: operation_metrics", write.operation_metrics)
         if not isinstance(metrics, dict):
             raise InvalidArgument(f"table {table}: operation_metrics must be a JSON object")
+    if write.operation_parameters:
+        parameters = parse_json(f"table {table}: operation_parameters",
+                                write.operation_parameters)
+        if not isinstance(parameters, dict) or not all(
+                isinstance(v, str) for v in parameters.values()):
+            raise InvalidArgument(f"table {table}: operation_parameters must be a JSON object "
+                                  "of strings")
     removed = Counter(f.path for f in write.remove_files)
     twice = sorted(p for p, n in removed.items() if n > 1)[:3]
     if twice:

@@ -9,8 +9,10 @@ import argparse
 import datetime as dt
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from coordinator.core.quarantine import RECOVERY_COMMAND
 from coordinator.oracle import wall_ms_of
 from percolake.v1 import coordinator_pb2 as pb
 
@@ -73,7 +75,8 @@ def txn_json(txn: pb.Transaction) -> dict[str, Any]:
                     "mode": pb.WriteMode.Name(p.mode or pb.APPEND),
                     "prewritten": p.prewritten, "file_count": p.file_count,
                     "row_count": p.row_count, "applied": p.applied,
-                    "delta_version": p.delta_version if p.applied else None}
+                    "delta_version": p.delta_version if p.applied else None,
+                    "abandoned": p.abandoned}
                    for p in txn.participants],
     }
 
@@ -140,15 +143,52 @@ def utc_time(unix_ms: int) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
 
 
+CHOICES = {pb.QUARANTINE_REAPPLY: "reapply", pb.QUARANTINE_ABANDON: "abandon"}
+
+
+def quarantine_json(record: pb.TableQuarantine) -> dict[str, Any]:
+    """A quarantined table (or a released one, with the choice made) as ``--json`` prints it."""
+    released = record.released_unix_ms
+    return {
+        "table": record.table, "txn_id": record.txn_id, "reason": record.reason,
+        "quarantined_unix_ms": record.quarantined_unix_ms,
+        "quarantined": iso_time(record.quarantined_unix_ms),
+        "choice": CHOICES.get(record.choice), "chosen_by": record.chosen_by,
+        "chosen_unix_ms": record.chosen_unix_ms or None,
+        "chosen": iso_time(record.chosen_unix_ms) or None,
+        "choice_reason": record.choice_reason,
+        "as_of_version": None if record.as_of_version < 0 else record.as_of_version,
+        "released_unix_ms": released or None, "released": iso_time(released) or None,
+        "delta_version": None if record.delta_version < 0 else record.delta_version,
+        "release_command": None if released else RECOVERY_COMMAND.format(
+            table=record.table, txn_id=record.txn_id),
+    }
+
+
+def quarantine_note(record: dict[str, Any]) -> str:
+    """What a quarantined table's line says: the table, since when, why, the way out."""
+    return (f"QUARANTINED {record['table']} (transaction {record['txn_id']}, since "
+            f"{record['quarantined']}): {record['reason']}\n  release with: "
+            f"{record['release_command']}")
+
+
 def find_hanging(unfinished: list[dict[str, Any]], every: list[dict[str, Any]],
-                 older_than_s: float) -> list[dict[str, Any]]:
+                 older_than_s: float,
+                 quarantines: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """The transactions of ``unfinished`` (OPEN, PREWRITTEN or COMMITTED) older than
     ``older_than_s``, each with ``waiting_for``: None, or the table it waits to take and the
-    transaction of ``every`` (all unfinished ones, of any pipeline) holding that table."""
+    transaction of ``every`` (all unfinished ones, of any pipeline) holding that table; and
+    ``quarantined``: the quarantined tables it holds (``quarantine_json``s of
+    ``quarantines``). A transaction holding a quarantined table is listed whatever its age:
+    it stays until an operator releases the table."""
     holders = {table["table"]: txn for txn in every for table in txn["tables"]}
+    by_txn: dict[str, list[dict[str, Any]]] = {}
+    for record in quarantines:
+        by_txn.setdefault(record["txn_id"], []).append(record)
     hanging = []
     for txn in unfinished:
-        if txn["age_s"] < older_than_s:
+        quarantined = by_txn.get(txn["txn_id"], [])
+        if txn["age_s"] < older_than_s and not quarantined:
             continue
         waited = txn["waiting_for_table"]
         holder = holders.get(waited) if waited else None
@@ -156,5 +196,6 @@ def find_hanging(unfinished: list[dict[str, Any]], every: list[dict[str, Any]],
             "table": waited, "holder_txn_id": holder["txn_id"] if holder else "",
             "holder_pipeline_id": holder["pipeline_id"] if holder else "",
             "holder_state": holder["state"] if holder else "",
-            "holder_age_s": holder["age_s"] if holder else None}})
+            "holder_age_s": holder["age_s"] if holder else None},
+            "quarantined": quarantined})
     return hanging

@@ -36,6 +36,7 @@ from coordinator.views import (
     duration,
     find_hanging,
     pipeline_json,
+    quarantine_json,
     topology_json,
     txn_json,
     utc_time,
@@ -240,8 +241,10 @@ def hanging_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
     if pipeline and any(t["waiting_for_table"] for t in unfinished):
         every = list(reader.transactions(pb.ListTransactionsRequest(
             states=UNFINISHED, page_size=MAX_LIMIT)))
+    quarantines = [quarantine_json(q) for q in reader.call(
+        "ListQuarantines", pb.ListQuarantinesRequest(pipeline_id=pipeline)).quarantines]
     return {"older_than_s": older, "pipeline_id": pipeline,
-            "transactions": find_hanging(unfinished, every, older)}
+            "transactions": find_hanging(unfinished, every, older, quarantines)}
 
 
 # ---------------------------------------------------------------- HTML
@@ -390,10 +393,15 @@ def hanging_html(found: dict[str, Any]) -> str:
                      _e(wait["table"] if wait else ""), holder])
     intro = (f"<p>Transactions OPEN, PREWRITTEN, or COMMITTED but not yet applied, created "
              f"longer ago than {_age(found['older_than_s'])} (change with "
-             "<code>?older-than=30s</code>).</p>")
+             "<code>?older-than=30s</code>), and every one holding a quarantined table.</p>")
+    quarantined = [[_e(q["table"]), _txn_link(q["txn_id"]), _e(q["quarantined"]),
+                    _e(q["reason"]), f"<code>{_e(q['release_command'])}</code>"]
+                   for txn in found["transactions"] for q in txn["quarantined"]]
     return page("Hanging transactions", intro + _table(
         ["Transaction", "Pipeline", "Batch", "State", "Age", "Holds", "Waiting for", "Held by"],
-        rows, "no hanging transaction"))
+        rows, "no hanging transaction") + "<h2>Quarantined tables</h2>" + _table(
+        ["Table", "Transaction", "Since", "Why", "Release with"], quarantined,
+        "no quarantined table"))
 
 
 def _pipeline_links(pipeline_ids: list[str]) -> str:

@@ -87,6 +87,7 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         operation=msg.operation,
         operation_metrics=msg.operation_metrics,
         data_change=not (msg.mode == pb.ROW_LEVEL and msg.rearranges_only),
+        operation_parameters=msg.operation_parameters,
     )
 
 
@@ -111,6 +112,7 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         msg.operation = write.operation
         msg.operation_metrics = write.operation_metrics
         msg.rearranges_only = not write.data_change
+        msg.operation_parameters = write.operation_parameters
     return msg
 
 
@@ -122,6 +124,7 @@ def _participant_to_pb(entry: TableEntry, include_writes: bool,
     msg.prewritten = entry.prewritten
     msg.applied = entry.applied
     msg.delta_version = entry.delta_version or 0
+    msg.abandoned = entry.abandoned
     if entry.write is not None:
         msg.catalog_name = entry.write.catalog_name
         msg.mode = _MODE_TO_PB[entry.write.mode]

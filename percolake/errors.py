@@ -35,6 +35,12 @@ class QueryIdMismatch(FailedPrecondition):
     """The pipeline is bound to another Spark query id: the checkpoint was deleted or replaced."""
 
 
+class TableQuarantined(FailedPrecondition):
+    """The table's committed row-level write cannot be applied as it read the table (I12): new
+    commits to it are refused until an operator runs ``percolake-coordinator tables
+    release-quarantine`` (docs/row-level-writes.md, "Quarantine")."""
+
+
 class Conflict(ProtocolError):
     """Write-write conflict: the table is held by another live transaction."""
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_string  # what json.dumps(str) gives
@@ -76,6 +75,8 @@ class TableWriteRecord:
     operation_metrics: str = ""
     # ROW_LEVEL only: False when the write only rearranges rows (OPTIMIZE: Delta's dataChange)
     data_change: bool = True
+    # ROW_LEVEL only: the commit's Delta operationParameters (a JSON object of strings)
+    operation_parameters: str = ""
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -86,6 +87,7 @@ class TableWriteRecord:
             "operation": self.operation,
             "operation_metrics": self.operation_metrics,
             "data_change": self.data_change,
+            "operation_parameters": self.operation_parameters,
         }
         data = {
             "table": self.table,
@@ -105,12 +107,18 @@ class TableWriteRecord:
             data["catalog_name"] = self.catalog_name
         return data
 
-    @functools.cached_property
+    @property
     def json_text(self) -> str:
         """``to_json`` serialised once: the record is immutable, and a transaction's record is
         written several times (declare, prewrite, commit, applied), so the largest part of it
-        (the add actions) is encoded only once."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
+        (the add actions) is encoded only once. Memoised in the instance without a lock
+        (``functools.cached_property`` of Python 3.11 holds one lock for every instance while
+        it computes, which made concurrent requests queue; two threads computing the same
+        text at once store equal values)."""
+        text = self.__dict__.get("_json_text")
+        if text is None:
+            text = self.__dict__["_json_text"] = json.dumps(self.to_json(), separators=(",", ":"))
+        return text
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableWriteRecord:
@@ -128,14 +136,24 @@ class TableWriteRecord:
             operation=data.get("operation", ""),
             operation_metrics=data.get("operation_metrics", ""),
             data_change=bool(data.get("data_change", True)),
+            operation_parameters=data.get("operation_parameters", ""),
         )
 
     def row_count(self) -> int:
-        return self._row_count
+        """The files' numRecords added up; every reply shows it: the stats are parsed once
+        (memoised without a lock, as ``json_text``)."""
+        rows = self.__dict__.get("_row_count")
+        if rows is None:
+            rows = self.__dict__["_row_count"] = sum(f.row_count() for f in self.add_files)
+        return rows
 
-    @functools.cached_property
-    def _row_count(self) -> int:  # every reply shows it: parse the stats once
-        return sum(f.row_count() for f in self.add_files)
+    def remember_row_count(self, rows: int) -> None:
+        """Primes ``row_count`` with the sum the coordinator's validation took from these very
+        stats (numRecords of each file), so they are not parsed a second time."""
+        self.__dict__["_row_count"] = rows
+
+
+_ABANDONED = ',"abandoned":true'
 
 
 @dataclass
@@ -146,6 +164,9 @@ class TableEntry:
     write_location: str
     write: TableWriteRecord | None = None
     delta_version: int | None = None
+    # an operator abandoned the write of this quarantined table: delta_version is then the
+    # table's version at that choice, which holds none of the write (docs/row-level-writes.md)
+    abandoned: bool = False
 
     @property
     def prewritten(self) -> bool:
@@ -161,6 +182,7 @@ class TableEntry:
             "write_location": self.write_location,
             "write": self.write.to_json() if self.write else None,
             "delta_version": self.delta_version,
+            **({"abandoned": True} if self.abandoned else {}),
         }
 
     def json_text(self) -> str:
@@ -169,10 +191,11 @@ class TableEntry:
         return (f'{{"table":{_json_string(self.table)},'
                 f'"write_location":{_json_string(self.write_location)},'
                 f'"write":{self.write.json_text if self.write else "null"},'
-                f'"delta_version":{version}}}')
+                f'"delta_version":{version}{_ABANDONED if self.abandoned else ""}}}')
 
     def copy(self) -> TableEntry:
-        return TableEntry(self.table, self.write_location, self.write, self.delta_version)
+        return TableEntry(self.table, self.write_location, self.write, self.delta_version,
+                          self.abandoned)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TableEntry:
@@ -182,6 +205,7 @@ class TableEntry:
             write_location=data["write_location"],
             write=TableWriteRecord.from_json(write) if write else None,
             delta_version=data.get("delta_version"),
+            abandoned=bool(data.get("abandoned", False)),
         )
 
 
@@ -295,3 +319,46 @@ class PipelineRecord:
 def delta_app_id(pipeline_id: str, generation: int) -> str:
     """The Delta app transaction id of a pipeline generation; its version is the batch id."""
     return f"percolake:{pipeline_id}:g{generation}"
+
+
+class QuarantineChoice(enum.Enum):
+    """What an operator chose for a quarantined table's committed write (I10, I12)."""
+
+    REAPPLY = "reapply"  # apply the write's files onto the table as it is now (checked safe)
+    ABANDON = "abandon"  # never apply it: the table keeps none of this write's changes
+
+
+@dataclass
+class QuarantineRecord:
+    """A table whose committed row-level write cannot be applied as it read the table
+    (docs/row-level-writes.md, "Quarantine"): refused for new commits until an operator
+    chooses; the record keeps the choice, who made it, why and what it led to."""
+
+    table: str
+    txn_id: str
+    reason: str
+    quarantined_ms: int
+    choice: QuarantineChoice | None = None
+    chosen_by: str = ""
+    chosen_ms: int = 0
+    choice_reason: str = ""
+    # REAPPLY: the table version the write is applied onto; ABANDON: the version the table
+    # was at, which the transaction's entry then names (it holds none of the write)
+    as_of_version: int = -1
+    released_ms: int = 0  # 0 while the table is quarantined
+    delta_version: int = -1  # REAPPLY: the Delta commit made
+
+    @property
+    def active(self) -> bool:
+        return self.released_ms == 0
+
+    def to_row(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row["choice"] = self.choice.value if self.choice else ""
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QuarantineRecord:
+        values = dict(row)
+        values["choice"] = QuarantineChoice(values["choice"]) if values["choice"] else None
+        return cls(**values)

@@ -31,7 +31,12 @@ The report ends with the headline: the daemon's CPU per committed transaction (g
 txn/s of the headline path at its best level, beside the bare gRPC limit measured in the same
 run (the echo server's calls/s divided by the path's calls per transaction, and its server
 CPU for that many calls); ``--json`` carries them as ``daemon_cpu_ms_per_txn``,
-``headline_txn_per_s``, ``bare_grpc_txn_per_s`` and ``bare_grpc_cpu_ms_per_txn``.
+``headline_txn_per_s``, ``bare_grpc_txn_per_s`` and ``bare_grpc_cpu_ms_per_txn``. Then issue 33's
+goals, each beside its goal and the baseline measured in this run (``goals`` in ``--json``): the
+daemon's CPU per committed transaction as a multiple of the bare gRPC server's CPU for as many
+calls (goal <= 2), its RPC/s as a share of the bare echo's calls/s (goal >= 0.3), and the
+coordinator's share of a batch at concurrency 1, p99 of the calls a batch waits for (Open,
+Prewrite, Commit; goal <= 5 ms), beside the echo's round trip p99 for as many calls.
 
     python scripts/bench_coordinator.py --quick --json /tmp/coord.json
     python scripts/bench_coordinator.py --quick --store both
@@ -65,9 +70,13 @@ SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
     {"name": "amount", "type": "double", "nullable": True, "metadata": {}},
     {"name": "day", "type": "string", "nullable": True, "metadata": {}},
 ]})
-RPCS = ("open", "prewrite", "commit", "report")
+# "path": the calls a batch waits for before it can go on (Open, Prewrite, Commit), per txn
+RPCS = ("open", "prewrite", "commit", "report", "path")
 CALLS_PER_TXN = {"4rpc": 4, "3rpc": 3, "2rpc": 2}
 CPU_GOAL_MS = 2.0  # issue 18: daemon CPU per committed transaction
+CPU_FLOOR_GOAL = 2.0  # issue 33: daemon CPU per txn <= 2x the bare gRPC CPU of its calls
+ECHO_RATIO_GOAL = 0.3  # issue 33: the daemon's RPC/s >= 0.3x the bare echo's calls/s
+PATH_P99_GOAL_MS = 5.0  # issue 33: the coordinator's share of a local batch, p99
 
 
 # ---------------------------------------------------------------------------- load generators
@@ -162,6 +171,7 @@ def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # n
     if mode == "4rpc":
         lat["prewrite"].append(t2 - t1w)
     lat["commit"].append(t3 - t2)
+    lat["path"].append((t1 - t0) + (t2 - t1w) + (t3 - t2))
 
 
 def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, files: int,
@@ -696,6 +706,46 @@ def headline(measured: dict, limits: dict) -> dict:
     }
 
 
+def goals(measured: dict, limits: dict) -> list[dict]:
+    """Issue 33's figures of the daemon, each beside its goal and the baseline it is measured
+    against in this same run (the bare gRPC echo server)."""
+    mode = measured["headline_mode"]
+    best = max((r for r in measured["closed_loop"] if r["mode"] == mode),
+               key=lambda r: r["txn_per_s"])
+    calls = CALLS_PER_TXN[mode]
+    floor_ms = limits["echo_server_cpu_ms_per_call"] * calls
+    single = next((r for r in measured["closed_loop"]
+                   if r["mode"] == mode and r["concurrency"] == 1), None)
+    path_p99 = _ms(single["latency_ms"], "path", "p99") if single else float("nan")
+    echo_p99 = limits["echo_rtt"]["p99"] * calls
+    rows = [
+        {"figure": f"daemon CPU per committed txn ÷ bare gRPC CPU of its {calls} calls "
+                   f"({mode}, conc. {best['concurrency']})",
+         "measured": best["daemon_cpu_ms_per_txn"] / floor_ms, "goal": f"≤ {CPU_FLOOR_GOAL:g}",
+         "baseline": f"{best['daemon_cpu_ms_per_txn']:.2f} ms vs floor {floor_ms:.2f} ms",
+         "met": best["daemon_cpu_ms_per_txn"] <= CPU_FLOOR_GOAL * floor_ms},
+        {"figure": f"RPC/s ÷ bare echo calls/s ({mode}, conc. {best['concurrency']})",
+         "measured": best["txn_per_s"] * calls / limits["echo_calls_per_s"],
+         "goal": f"≥ {ECHO_RATIO_GOAL:g}",
+         "baseline": f"{best['txn_per_s'] * calls:,.0f} vs echo "
+                     f"{limits['echo_calls_per_s']:,.0f} calls/s",
+         "met": best["txn_per_s"] * calls >= ECHO_RATIO_GOAL * limits["echo_calls_per_s"]},
+        {"figure": f"coordinator share of a batch, p99 ms ({mode} conc. 1: the calls the "
+                   "batch waits for)",
+         "measured": path_p99, "goal": f"≤ {PATH_P99_GOAL_MS:g} ms",
+         "baseline": f"bare echo: {calls} × RTT p99 = {echo_p99:.2f} ms",
+         "met": path_p99 <= PATH_P99_GOAL_MS},
+    ]
+    return rows
+
+
+def render_goals(rows: list[dict], store: str) -> str:
+    return (f"Issue 33 goals ({STORES[store]}; baseline measured in this run):\n\n"
+            + bl.table(["figure", "measured", "goal", "baseline (same run)", "status"],
+                       [[r["figure"], r["measured"], r["goal"], r["baseline"],
+                         "met" if r["met"] else "NOT met"] for r in rows]))
+
+
 def render_headline(head: dict, store: str) -> str:
     met = "met" if head["daemon_cpu_ms_per_txn"] <= head["daemon_cpu_goal_ms"] else "NOT met"
     return (f"{STORES[store]}, {head['headline_mode']} at concurrency "
@@ -820,8 +870,10 @@ def main() -> int:
     })
     for measured in result["stores"].values():
         measured.update(headline(measured, limits))
+        measured["goals"] = goals(measured, limits)
     result.update(result["stores"][kinds[0]])  # the first store's headline at the top level
     lines = [render_headline(result["stores"][kind], kind) for kind in kinds]
+    lines += [render_goals(result["stores"][kind]["goals"], kind) for kind in kinds]
     if len(kinds) == 1:  # the single-store layout of earlier runs, at the top level too
         result.update(result["stores"][kinds[0]])
         result["limits"]["daemon_rtt"] = result["daemon_rtt"]

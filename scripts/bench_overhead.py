@@ -117,6 +117,8 @@ class RpcRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: list[tuple[int, str, float, float]] = []
+        # each take's critical-path spans (perf_counter, i.e. CLOCK_MONOTONIC), batch by batch
+        self.batch_spans: list[list[tuple[float, float]]] = []
 
     def install(self) -> None:
         from sparkside.client import CoordinatorClient
@@ -138,6 +140,7 @@ class RpcRecorder:
     def reset(self) -> None:
         with self._lock:
             self._calls = []
+            self.batch_spans = []
 
     def take(self, thread: int, start: float, end: float) -> tuple[float, float]:
         """(critical-path seconds, off-path seconds) of the calls recorded since the last
@@ -154,6 +157,7 @@ class RpcRecorder:
                 spans.append((max(t0, start), min(t1, end)))  # a thread the batch waits for
             elif method != "Heartbeat":
                 off_path += t1 - t0
+        self.batch_spans.append(sorted(spans))
         return _union_length(spans), off_path
 
 
@@ -181,8 +185,16 @@ def _instrument() -> None:
                         _timed("write files (executors)", writer.write_files))
     _replace_everywhere(delta_commit.apply_table_write,
                         _timed("Delta commits (delta-rs)", delta_commit.apply_table_write))
-    schema_check.SchemaChecker.check = _timed("schema check (participant)",
-                                              schema_check.SchemaChecker.check)
+    # the schema check on the write's path: waiting for the batch's layout (read at Open,
+    # in the background), then checking the batch against it
+    if hasattr(schema_check, "BatchLayouts"):
+        schema_check.BatchLayouts.get = _timed("schema check (participant)",
+                                               schema_check.BatchLayouts.get)
+        _replace_everywhere(schema_check.check_layout,
+                            _timed("schema check (participant)", schema_check.check_layout))
+    else:  # a checkout from before BatchLayouts (issue 33), measured for comparison
+        schema_check.SchemaChecker.check = _timed("schema check (participant)",
+                                                  schema_check.SchemaChecker.check)
     RPCS.install()
 
 

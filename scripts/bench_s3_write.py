@@ -57,8 +57,8 @@ def write_spark_s3a(df, table: str, location: str, partition_by: list[str]) -> d
     import pyarrow.parquet as pq
 
     from percolake.lake import storage
+    from percolake.lake.parquet_stats import delta_stats
     from percolake.records import AddFileRecord
-    from sparkside.parquet_stats import delta_stats
     from sparkside.writer import _partition_values
 
     t0 = time.perf_counter()

@@ -1,15 +1,18 @@
 """percolake demo: a streaming bank-transfer job writing three Delta tables atomically, and a
 second streaming job deriving a ledger from two of them (the ETL topology).
 
-It starts a coordinator (SQLite in a temporary data dir, global barriers every second), runs a
-Spark streaming job ``bank`` whose every micro-batch moves money between accounts and writes a
-debits, a credits and a balances table through the participant, and meanwhile reads the tables
-two ways:
+It starts a coordinator (SQLite in a temporary data dir, global barriers every second), creates
+an ``accounts`` table with delta-spark (``CREATE TABLE ... USING DELTA``), runs a Spark streaming
+job ``bank`` whose every micro-batch moves money between accounts: it appends the transfers to a
+debits and a credits table (``txn.write``) and MERGEs each account's net change into ``accounts``
+(``txn.delta_table``), all in the batch's one transaction. Meanwhile it reads the tables two
+ways:
 
 - naively: each table's latest Delta version on its own, one after the other;
 - through percolake: one snapshot (a Delta version per table) from the coordinator.
 
-Money is only moved, never made, so sum(debits) == sum(credits) in every consistent state.
+Money is only moved, never made, so in every consistent state sum(debits) == sum(credits) and
+each account's balance equals its credits minus its debits (accounts start at 0).
 
 A second streaming query ``ledger`` reads debits and credits through the percolake streaming
 source and appends one ledger row per input row (account, signed amount, the batch's input
@@ -64,15 +67,20 @@ import sparkside  # noqa: E402
 from coordinator.launcher import DaemonProcess  # noqa: E402
 from percolake.lake.arrow_read import read_delta_table  # noqa: E402
 from percolake.lake.storage import s3_settings  # noqa: E402
-from percolake.lake.warehouse import is_object_store  # noqa: E402
+from percolake.lake.warehouse import (  # noqa: E402
+    canonical_table_uri,
+    is_object_store,
+    spark_uri,
+)
 from sparkside import ConsistentReader, Participant, PercolakeError, local_spark  # noqa: E402
 
 ACCOUNTS = 8
+TABLES = ("debits", "credits", "accounts")
 BARRIER_INTERVAL_S = "1"  # the demo's global barriers: short, so the ledger moves in its time
 LEDGER_WAYS = {"naive (read_committed)": "read_committed", "snapshot": "snapshot",
                "topology": "topology"}
-OPENING_BALANCE = 1_000
-# Both readers read debits, then credits this long after: reading a real table takes time.
+# Both readers read debits, credits, accounts, each this long after the one before: reading a
+# real table takes time.
 READ_GAP_S = 0.25
 FIRST_BATCH_TIMEOUT_S = 600  # Spark's start and the bank's first batch, at most
 
@@ -97,23 +105,64 @@ def table_sum(table: str | Path, version: int | None = None) -> int | None:
     return int(pyarrow.compute.sum(amounts).as_py() or 0)
 
 
-def previous_balances(table: str | Path, version: int | None) -> dict[int, int]:
-    """Each account's balance in the balances table at ``version`` ({} before the first)."""
-    if version is None:
+def per_account(table: str | Path, version: int | None, column: str) -> dict[int, int]:
+    """sum(``column``) by account of a table at ``version`` (latest if None; {} before the
+    table exists)."""
+    table = str(table)
+    if version is None and not is_object_store(table) and not DeltaTable.is_deltatable(table):
         return {}
-    rows = read_delta_table(str(table), version).to_pylist()
-    return {r["account"]: r["balance"] for r in rows}
+    try:
+        rows = read_delta_table(table, version, columns=["account", column])
+    except TableNotFoundError:  # an object-store table before its first commit
+        return {}
+    sums = rows.group_by("account").aggregate([(column, "sum")]).to_pylist()
+    return {r["account"]: r[f"{column}_sum"] for r in sums if r[f"{column}_sum"]}
+
+
+def balances_hold(debits: dict[int, int], credits: dict[int, int],
+                  balances: dict[int, int]) -> bool:
+    """Whether each account's balance is its credits minus its debits (a missing account or
+    a zero balance counts as 0)."""
+    accounts = set(debits) | set(credits) | set(balances)
+    return all(balances.get(a, 0) == credits.get(a, 0) - debits.get(a, 0) for a in accounts)
+
+
+class Read:
+    """One read of the bank's three tables: whether it broke each check."""
+
+    def __init__(self, debits: dict[int, int], credits: dict[int, int],
+                 balances: dict[int, int]) -> None:
+        self.sums_broken = sum(debits.values()) != sum(credits.values())
+        self.balances_broken = not balances_hold(debits, credits, balances)
+
+
+class ReadCounts:
+    """Reads of one kind and how many broke each check."""
+
+    def __init__(self) -> None:
+        self.reads = self.sums_broken = self.balances_broken = 0
+
+    def add(self, read: Read) -> None:
+        self.reads += 1
+        self.sums_broken += read.sums_broken
+        self.balances_broken += read.balances_broken
+
+    @property
+    def broken(self) -> int:
+        return self.sums_broken + self.balances_broken
+
+    def describe(self) -> str:
+        return f"{self.reads:>4} ({self.sums_broken}/{self.balances_broken} broken)"
 
 
 class Readers:
     """Two reader threads: naive (latest version of each table) and snapshot-consistent."""
 
     def __init__(self, spark, target: str, lake: str) -> None:  # noqa: ANN001
-        self.lake = lake
+        self.tables = [f"{lake}/{name}" for name in TABLES]
         self.reader = ConsistentReader(spark, target)
         self.stop = threading.Event()
-        self.naive = [0, 0]      # reads, broken
-        self.snapshot = [0, 0]   # reads, broken
+        self.naive, self.snapshot = ReadCounts(), ReadCounts()
         self.threads = [threading.Thread(target=self._naive_loop, daemon=True),
                         threading.Thread(target=self._snapshot_loop, daemon=True)]
 
@@ -126,28 +175,28 @@ class Readers:
         for thread in self.threads:
             thread.join(timeout=30)
 
+    def _read(self, versions: dict[str, int | None]) -> Read:
+        debits, credits, accounts = self.tables
+        sums = [per_account(debits, versions[debits], "amount")]
+        time.sleep(READ_GAP_S)
+        sums.append(per_account(credits, versions[credits], "amount"))
+        time.sleep(READ_GAP_S)
+        return Read(*sums, per_account(accounts, versions[accounts], "balance"))
+
     def _naive_loop(self) -> None:
         while not self.stop.is_set():
-            debits = table_sum(f"{self.lake}/debits")
-            time.sleep(READ_GAP_S)
-            credits = table_sum(f"{self.lake}/credits")
-            if debits is None or credits is None:
+            if table_sum(self.tables[1]) is None:  # no batch yet
+                time.sleep(0.1)
                 continue
-            self.naive[0] += 1
-            self.naive[1] += debits != credits
+            self.naive.add(self._read(dict.fromkeys(self.tables)))
 
     def _snapshot_loop(self) -> None:
-        tables = [f"{self.lake}/debits", f"{self.lake}/credits"]
         while not self.stop.is_set():
-            snap = self.reader.snapshot(tables)
+            snap = self.reader.snapshot(self.tables)
             if None in snap.versions.values():
                 time.sleep(0.1)
                 continue
-            debits = table_sum(tables[0], snap.versions[tables[0]])
-            time.sleep(READ_GAP_S)
-            credits = table_sum(tables[1], snap.versions[tables[1]])
-            self.snapshot[0] += 1
-            self.snapshot[1] += debits != credits
+            self.snapshot.add(self._read(snap.versions))
 
 
 def table_totals(table: str, version: int | None, absolute: bool = False) -> tuple[int, int]:
@@ -259,12 +308,15 @@ def wait_ledger_caught_up(readers: LedgerReaders, stalled_s: float = 90) -> bool
     return False
 
 
-def bank_job(spark, lake: str, reader: ConsistentReader):  # noqa: ANN001, ANN201
-    """The user's foreachBatch: transfers become debits, credits and new balances.
+def create_accounts(spark, table: str) -> None:  # noqa: ANN001
+    """The accounts table, made by delta-spark before the stream starts, as users do."""
+    spark.sql(f"CREATE TABLE delta.`{spark_uri(canonical_table_uri(table))}` "
+              "(account BIGINT, balance BIGINT) USING DELTA")
 
-    The previous balances come from the latest snapshot, so a batch always builds on every
-    committed one, even one whose Delta commit the coordinator is still rolling forward.
-    """
+
+def bank_job(lake: str):  # noqa: ANN201
+    """The user's foreachBatch: transfers become debits and credits (appends), and each
+    account's net change is MERGEd into accounts, all in the batch's one transaction."""
 
     def write_batch(batch_df, batch_id, txn):  # noqa: ANN001, ANN202
         transfers = batch_df.select(
@@ -277,19 +329,16 @@ def bank_job(spark, lake: str, reader: ConsistentReader):  # noqa: ANN001, ANN20
                                   F.col("from_account").alias("account"), "amount")
         credits = transfers.select("batch", "transfer",
                                    F.col("to_account").alias("account"), "amount")
-        moved = {r["account"]: r["net"] for r in (
-            credits.select("account", F.col("amount").alias("net"))
-            .unionByName(debits.select("account", (-F.col("amount")).alias("net")))
-            .groupBy("account").agg(F.sum("net").alias("net")).collect())}
-        balances_table = f"{lake}/balances"
-        version = reader.snapshot([balances_table]).versions[balances_table]
-        previous = previous_balances(balances_table, version)
-        balances = [(a, previous.get(a, OPENING_BALANCE) + moved.get(a, 0), batch_id)
-                    for a in range(ACCOUNTS)]
         txn.write(debits, f"{lake}/debits")
         txn.write(credits, f"{lake}/credits")
-        txn.write(spark.createDataFrame(balances, "account long, balance long, batch long"),
-                  balances_table, mode="overwrite")
+        net = (credits.select("account", F.col("amount").alias("net"))
+               .unionByName(debits.select("account", (-F.col("amount")).alias("net")))
+               .groupBy("account").agg(F.sum("net").alias("net")))
+        (txn.delta_table(f"{lake}/accounts").alias("t")
+            .merge(net.alias("s"), "t.account = s.account")
+            .whenMatchedUpdate(set={"balance": "t.balance + s.net"})
+            .whenNotMatchedInsert(values={"account": "s.account", "balance": "s.net"})
+            .execute())
         transfers.unpersist()
 
     return write_batch
@@ -490,12 +539,13 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
     spark = local_spark("percolake-demo", conf=conf, warehouse=lake, master=master)
     cleanup.callback(spark.stop)
     spark.sparkContext.setLogLevel("ERROR")
-    say(f"Spark started ({spark.sparkContext.master}); streaming bank transfers into debits, "
-        "credits and balances")
+    create_accounts(spark, f"{lake}/accounts")
+    say(f"Spark started ({spark.sparkContext.master}); created {lake}/accounts with delta-spark "
+        "(CREATE TABLE ... USING DELTA); streaming bank transfers into debits and credits "
+        "(appends) and accounts (MERGE), one transaction per batch")
 
     participant = Participant(target, pipeline_id="bank")
-    signal = BatchSignal(participant.wrap(bank_job(spark, lake,
-                                                   ConsistentReader(spark, target))))
+    signal = BatchSignal(participant.wrap(bank_job(lake)))
     stream = (spark.readStream.format("rate-micro-batch")
               .option("rowsPerBatch", args.rows_per_batch).option("numPartitions", 2).load())
     query = (stream.writeStream.foreachBatch(signal)
@@ -541,8 +591,8 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
                 next_report = time.monotonic() + 5
                 progress = query.lastProgress or {}
                 say(f"batch {progress.get('batchId', '-'):>3} | naive reads "
-                    f"{readers.naive[0]:>4} ({readers.naive[1]} broken) | snapshot reads "
-                    f"{readers.snapshot[0]:>4} ({readers.snapshot[1]} broken)")
+                    f"{readers.naive.describe()} | snapshot reads "
+                    f"{readers.snapshot.describe()}   (broken: sums/balances)")
                 if ledger_query is not None:
                     ledger_batch = (ledger_query.lastProgress or {}).get("batchId", "-")
                     say(f"ledger batch {ledger_batch:>3} | ledger check reads: "
@@ -565,21 +615,27 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
         return 1
 
     leader_target = pair.leader().target if pair else target
-    snap = ConsistentReader(spark, target).snapshot(
-        [f"{lake}/debits", f"{lake}/credits", f"{lake}/balances"])
-    debits = snap.table(f"{lake}/debits").agg(F.sum("amount")).first()[0]
-    credits = snap.table(f"{lake}/credits").agg(F.sum("amount")).first()[0]
-    total = snap.table(f"{lake}/balances").agg(F.sum("balance")).first()[0]
-    duplicates = sum(duplicated_rows(snap, f"{lake}/{name}") for name in ("debits", "credits"))
+    snap = ConsistentReader(spark, target).snapshot(readers.tables)
+    debits_table, credits_table, accounts_table = readers.tables
+    debits = snap.table(debits_table).agg(F.sum("amount")).first()[0]
+    credits = snap.table(credits_table).agg(F.sum("amount")).first()[0]
+    by_account = {table: {r[0]: r[1] for r in snap.table(table).groupBy("account")
+                          .agg(F.sum(column)).collect()}
+                  for table, column in ((debits_table, "amount"), (credits_table, "amount"),
+                                        (accounts_table, "balance"))}
+    balances_ok = balances_hold(*by_account.values())
+    duplicates = sum(duplicated_rows(snap, table) for table in (debits_table, credits_table))
     print()
     print("=" * 72)
-    print(f"naive reads:    {readers.naive[0]:>5}, of which broke sum(debits) == sum(credits): "
-          f"{readers.naive[1]}")
-    print(f"snapshot reads: {readers.snapshot[0]:>5}, of which broke sum(debits) == "
-          f"sum(credits): {readers.snapshot[1]}")
+    print("checks: sums: sum(debits) == sum(credits); balances: each account's balance in "
+          "accounts == its credits - its debits")
+    for name, counts in (("naive reads:", readers.naive), ("snapshot reads:", readers.snapshot)):
+        print(f"{name:<16}{counts.reads:>5}, of which broke sums: {counts.sums_broken}, "
+              f"broke balances: {counts.balances_broken}")
     print(f"final snapshot {snap.snapshot_ts}: versions {snap.versions}")
-    print(f"  sum(debits) = {debits}, sum(credits) = {credits}, total balance = {total} "
-          f"(opening {ACCOUNTS * OPENING_BALANCE})")
+    print(f"  sum(debits) = {debits}, sum(credits) = {credits}, balances == credits - debits "
+          f"for all {len(by_account[accounts_table])} accounts: {balances_ok} "
+          f"(accounts: {dict(sorted(by_account[accounts_table].items()))})")
     print(f"  rows written twice (debits and credits): {duplicates}")
     print("ledger check: count(ledger) == count(debits) + count(credits) and sum(|ledger.amount|)"
           " == sum(debits.amount) + sum(credits.amount)")
@@ -622,8 +678,8 @@ def run(args: argparse.Namespace, work: Path, cleanup: contextlib.ExitStack) -> 
     if pair and takeover_s is None:
         say("the job ended before the leader was killed: no takeover shown (see above)")
         return 2
-    consistent = readers.snapshot[1] == 0 and debits == credits and duplicates == 0 \
-        and total == ACCOUNTS * OPENING_BALANCE
+    consistent = readers.snapshot.broken == 0 and debits == credits and duplicates == 0 \
+        and balances_ok
     topology_reads, topology_broken = ledger_readers.counts["topology"]
     topology_held = topology_reads > 0 and topology_broken == 0
     across = " across the takeover" if pair else ""

@@ -7,8 +7,9 @@ job group, so ``query.stop()`` still cancels them) and tag their jobs with the a
 failure cancels the others. Results come back in the order the writes were submitted, whatever
 order the jobs finish in: the commit's records, and so a replay's effects, stay deterministic.
 
-``in_parallel`` runs the tables' Delta commits of a committed transaction side by side (delta-rs
-releases the GIL); each table still gets one commit, so every table keeps commit_ts order (I7).
+The tables' Delta commits of a committed transaction run side by side too
+(``percolake.parallel.in_parallel``; delta-rs releases the GIL); each table still gets one
+commit, so every table keeps commit_ts order (I7).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -26,9 +26,10 @@ from pyspark import inheritable_thread_target
 from pyspark.sql import SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
+from percolake.parallel import in_parallel  # noqa: F401 - moved there; importable here too
+
 log = logging.getLogger("percolake.participant")
 Result = TypeVar("Result")
-Item = TypeVar("Item")
 
 
 @dataclass
@@ -167,19 +168,3 @@ def _hook_unpersist() -> None:
 
         unpersist._percolake_waits = True  # type: ignore[attr-defined]
         ClassicDataFrame.unpersist = unpersist  # type: ignore[method-assign]
-
-
-def in_parallel(fn: Callable[[Item], Result], items: list[Item],
-                workers: int) -> list[Result | Exception]:
-    """``fn`` over ``items`` on up to ``workers`` threads; each result or error, in item order."""
-    def guarded(item: Item) -> Result | Exception:
-        try:
-            return fn(item)
-        except Exception as exc:  # noqa: BLE001 - returned to the caller, per item
-            return exc
-
-    if len(items) <= 1 or workers <= 1:
-        return [guarded(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(workers, len(items)),
-                            thread_name_prefix="percolake-apply") as pool:
-        return list(pool.map(guarded, items))

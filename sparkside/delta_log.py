@@ -72,12 +72,18 @@ class TableLog:
 
     def entry(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of log entry ``version``, None if the entry does not exist."""
-        path = f"{self.log_dir}/{version:020d}.json"
-        try:
-            with self.filesystem.open_input_stream(path) as stream:
-                text = stream.read().decode()
-        except FileNotFoundError:
-            return None
+        name = f"{LOG_DIR}/{version:020d}.json"
+        if is_object_store(self.table):  # one GET (Arrow's streams send a HEAD first)
+            entry = storage.read_object(f"{self.table}/{name}")
+            if entry is None:
+                return None
+            text = entry.decode()
+        else:
+            try:
+                with self.filesystem.open_input_stream(f"{self.root}/{name}") as stream:
+                    text = stream.read().decode()
+            except FileNotFoundError:
+                return None
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def latest_version(self) -> int | None:

@@ -8,6 +8,7 @@ the rest of the batch, exactly once (docs/row-level-writes.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -44,6 +45,7 @@ class TransactionDeltaTable:
     def delete(self, condition: str | Column | None = None) -> None:
         """Deletes the rows where ``condition`` is true (all rows without one)."""
         state = self._state()
+        state.start()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
         touched = _files_where(target, condition_column(condition))
@@ -52,7 +54,10 @@ class TransactionDeltaTable:
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
             F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
         output = rows.where(~matched).select(*state.columns()) if touched else None
-        state.replace(touched, output, "DELETE", {})
+        state.replace(touched, output, "DELETE",
+                      {} if touched else {"numDeletedRows": 0, "numCopiedRows": 0},
+                      {"predicate": _predicates([condition if condition is not None
+                                                 else "true"])})
         if touched:
             state.metrics_update(observed(observation))
 
@@ -62,12 +67,15 @@ class TransactionDeltaTable:
         without one)."""
         assignments = column_mapping(set, "'set'")
         state = self._state()
+        state.start()
         target = self._frame(state)
         names = _resolve(state, assignments, "UPDATE")
+        parameters = {"predicate": _predicates([condition] if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
         touched = _files_where(target, condition_column(condition))
         if not touched:
-            state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0})
+            state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0},
+                          parameters)
             return
         observation = Observation("percolake_update")
         rows = self._rows(state, touched).observe(
@@ -77,7 +85,7 @@ class TransactionDeltaTable:
         output = rows.select(*[
             F.when(matched, assignments[names[c]].cast(types[c])).otherwise(F.col(c)).alias(c)
             if c in names else F.col(c) for c in state.columns()])
-        state.replace(touched, output, "UPDATE", {})
+        state.replace(touched, output, "UPDATE", {}, parameters)
         state.metrics_update(observed(observation))
 
     def merge(self, source: DataFrame, condition: str | Column) -> TransactionMergeBuilder:
@@ -174,6 +182,7 @@ class TransactionMergeBuilder:
         (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
         _check_clauses(self._clauses)
         state = self._table._state()
+        state.start()
         target = self._table._frame(state)
         if self._schema_evolution and any(c.assignments is None and c.action != "delete"
                                           for c in self._clauses):
@@ -182,7 +191,8 @@ class TransactionMergeBuilder:
                                         if c.lower() not in known])
             target = self._table._frame(state)
         metrics = _merge(state, self._table, target, self._source, self._condition,
-                         self._clauses, self._schema_evolution)
+                         self._clauses, _merge_parameters(self._condition, self._clauses),
+                         self._schema_evolution)
         state.metrics_update(metrics)
         updated = metrics["numTargetRowsUpdated"]
         deleted = metrics["numTargetRowsDeleted"]
@@ -192,6 +202,32 @@ class TransactionMergeBuilder:
             [(updated + deleted + inserted, updated, deleted, inserted)],
             "num_affected_rows long, num_updated_rows long, num_deleted_rows long, "
             "num_inserted_rows long")
+
+
+def _sql(condition: str | Column) -> str:
+    """A condition's SQL text: as written, or the Column's expression."""
+    if isinstance(condition, str):
+        return condition
+    text = str(condition)
+    return text[len("Column<'"):-len("'>")] if text.startswith("Column<'") else text
+
+
+def _predicates(conditions: list[str | Column]) -> str:
+    """delta-spark's ``predicate`` parameter: a JSON list of conditions' SQL."""
+    return json.dumps([_sql(c) for c in conditions], separators=(",", ":"))
+
+
+def _merge_parameters(condition: Column, clauses: tuple[_Clause, ...]) -> dict[str, str]:
+    """A MERGE's operationParameters as delta-spark writes them: its condition, and each
+    clause kind's list of ``{predicate, actionType}`` in clause order."""
+    def of_kind(kind: str) -> str:
+        return json.dumps([({"predicate": _sql(c.condition)} if c.condition is not None
+                            else {}) | {"actionType": c.action}
+                           for c in clauses if c.kind == kind], separators=(",", ":"))
+
+    return {"predicate": _predicates([condition]), "matchedPredicates": of_kind("matched"),
+            "notMatchedPredicates": of_kind("not_matched"),
+            "notMatchedBySourcePredicates": of_kind("not_matched_by_source")}
 
 
 def _check_clauses(clauses: tuple[_Clause, ...]) -> None:
@@ -216,7 +252,7 @@ def _check_clauses(clauses: tuple[_Clause, ...]) -> None:
 
 def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame,
            source: DataFrame, condition: Column, clauses: tuple[_Clause, ...],
-           schema_evolution: bool = False) -> dict[str, int]:
+           parameters: dict[str, str], schema_evolution: bool = False) -> dict[str, int]:
     """The copy-on-write MERGE (docs/row-level-writes.md): touched files, then one rewrite."""
     columns = state.columns()
     types = _types(target)
@@ -248,7 +284,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     elif touched:
         joined = rewritten.join(source, condition, "left_outer")
     else:  # nothing to insert, no row matched
-        state.replace([], None, "MERGE", {})
+        state.replace([], None, "MERGE", {}, parameters)
         return {**_zero_merge_metrics(), **metrics}
     t_here, s_here = F.col(T_HERE).isNotNull(), F.col(S_HERE).isNotNull()
     cases = {"matched": t_here & s_here, "not_matched": s_here & ~t_here,
@@ -293,7 +329,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     deletes = [i for i, c in numbered if c.action == "delete"]
     keep = (act.isNotNull() & ~act.isin(deletes)) if deletes else act.isNotNull()
     output = joined.where(keep | (act.isNull() & t_here)).select(*outputs)
-    state.replace(touched, output, "MERGE", {})
+    state.replace(touched, output, "MERGE", {}, parameters)
     metrics.update(observed(rewrite))
     if "numSourceRows" not in metrics:
         metrics.update(observed(source_rows) if not_matched else {})

@@ -51,7 +51,3 @@ class FileScan:
         files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(add_actions).toList()
         frame = self.log.createDataFrame(self.snapshot, files, False, jvm.scala.Option.empty())
         return DataFrame(frame, self.spark)
-
-
-def has_deletion_vector(add_action: Any) -> bool:
-    return add_action.deletionVector() is not None

@@ -35,9 +35,9 @@ from pyspark.sql import DataFrame
 
 from percolake.errors import ProtocolError
 from percolake.lake import storage
+from percolake.lake.parquet_stats import delta_stats
 from percolake.lake.warehouse import split_object_uri
 from percolake.records import AddFileRecord
-from sparkside.parquet_stats import delta_stats
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 RESULT_SCHEMA = ("path string, size long, partition_values string, modification_time long, "

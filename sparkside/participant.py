@@ -27,13 +27,14 @@ from percolake.failpoints import fail_point
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.warehouse import canonical_table_uri, is_object_store
+from percolake.parallel import in_parallel
 from percolake.records import TableWriteRecord, WriteMode, delta_app_id
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.catalog import is_table_name, resolve_table
 from sparkside.checkpoint_offsets import batch_source_offsets, check_checkpoint_location
 from sparkside.client import CoordinatorClient
 from sparkside.column_mapping import ColumnMapping
-from sparkside.concurrent_writes import ConcurrentWrites, in_parallel, unpersist_waits_for
+from sparkside.concurrent_writes import ConcurrentWrites, unpersist_waits_for
 from sparkside.deferred_reports import DeferredReports
 from sparkside.delta_table import TransactionDeltaTable
 from sparkside.errors import (
@@ -48,7 +49,7 @@ from sparkside.errors import (
 from sparkside.heartbeat import Heartbeat
 from sparkside.reader import read_table_version, snapshot_once_completed, topology_request
 from sparkside.row_level import RowLevelTable, RowLevelWrites, marked_spark_writes
-from sparkside.schema_check import SchemaChecker
+from sparkside.schema_check import SchemaChecker, check_layout, refuse_features
 from sparkside.session import run_executors_on_driver_python, use_object_store_settings
 from sparkside.table_rules import conform_batch, violation_of
 from sparkside.writer import delta_schema_json, write_files
@@ -85,6 +86,8 @@ class BatchTransaction:
         # Every table this attempt may write (declared at Open or by write), with its folder.
         self.locations: dict[str, str] = {loc.table: loc.write_location
                                           for loc in opened.locations}
+        # the declared tables' layouts, read side by side while the user's function starts
+        self._layouts = schemas.for_batch(list(self.locations))
         self.row_level = RowLevelWrites(spark, self._location, self.batch_id, self.txn_id)
         self._appends_only: dict[str, str] = {}  # tables txn.write wrote otherwise: how
 
@@ -167,9 +170,12 @@ class BatchTransaction:
                              "must be a plain append (no overwrite, no merge_schema) "
                              "(docs/row-level-writes.md)")
         # before the declare: a table percolake cannot write is refused with nothing declared
-        layout = self._schemas.check_features(canonical)
+        layout = refuse_features(canonical, self._layouts.get(canonical))
         mapping = ColumnMapping.of(layout)
-        location = self.locations.get(canonical) or self._declare(table, canonical)
+        location = self.locations.get(canonical)
+        if location is None:  # held from the declare on: its layout is read again after it
+            location = self._declare(table, canonical)
+            layout = self._layouts.fresh(canonical)
         if canonical in self.row_level.tables:  # beside the operations' op<N> folders
             location = f"{location}/write"
         if mode != "append" or merge_schema:
@@ -177,10 +183,10 @@ class BatchTransaction:
                 ", merge_schema=True" if merge_schema else "")
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
-        df = conform_batch(df, self._schemas.layout(canonical), canonical, self.batch_id)
+        df = conform_batch(df, layout, canonical, self.batch_id)
         schema_json = delta_schema_json(df)
-        partitions = self._schemas.check(canonical, schema_json, list(partition_by or []),
-                                         mode, self.batch_id, merge_schema)
+        partitions = check_layout(layout, canonical, schema_json, list(partition_by or []),
+                                  mode, self.batch_id, merge_schema)
         self._tables.append(canonical)
         self.row_level.note_write(canonical, layout.version if layout is not None else -1,
                                   location)

@@ -27,12 +27,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from percolake.lake.conflicts import log_entries_after
+from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import files_of_version, open_table
 from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
 from sparkside.errors import RowLevelWriteRefused
-from sparkside.file_scan import FileScan, has_deletion_vector
+from sparkside.file_scan import FileScan
 from sparkside.reader import read_table_version
 from sparkside.writer import delta_schema_json, write_files
 
@@ -87,13 +88,15 @@ class RowLevelTable:
     schema_json: str
     partition_by: list[str]
     base: dict[str, AddFileRecord]  # the files of read_version, by relative path
-    deletion_vectors: bool = False  # the table's protocol has deletion vectors
+    with_vectors: frozenset[str] = frozenset()  # files of read_version with a deletion vector
     removed: dict[str, RemoveFileRecord] = field(default_factory=dict)
     added: dict[str, AddFileRecord] = field(default_factory=dict)
     added_folders: dict[str, str] = field(default_factory=dict)  # added path -> its op folder
     removed_as_read: set[str] = field(default_factory=set)  # their _metadata.file_path
     operations: list[str] = field(default_factory=list)
+    parameters: list[dict[str, str]] = field(default_factory=list)  # each operation's
     metrics: dict[str, int] = field(default_factory=dict)
+    started: float = 0.0  # when the running operation started (time.monotonic)
     evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
     _file_scan: FileScan | None = field(default=None, repr=False)
 
@@ -119,9 +122,10 @@ class RowLevelTable:
         version = delta.version()
         files = files_of_version(table, version)
         readers = delta.protocol().reader_features or []
+        vectors = deletion_vectors(table, version) if "deletionVectors" in readers else {}
         return cls(spark, table, location, version, files.schema_json,
                    list(files.partition_columns), {f.path: f for f in files.files},
-                   deletion_vectors="deletionVectors" in readers)
+                   with_vectors=frozenset(vectors))
 
     # ------------------------------------------------------------------ reading
 
@@ -213,19 +217,29 @@ class RowLevelTable:
 
     # ------------------------------------------------------------------ writing
 
+    def start(self) -> None:
+        """Marks the start of an operation (its time metrics count from here)."""
+        self.started = time.monotonic()
+
     def replace(self, touched: Sequence[str], output: DataFrame | None, operation: str,
-                metrics: dict[str, int]) -> dict[str, int]:
+                metrics: dict[str, int],
+                parameters: dict[str, str] | None = None) -> dict[str, int]:
         """Writes ``output`` (rows in the table's columns) as new files and replaces the files
-        ``touched`` (``_metadata.file_path`` values) with them; adds the file metrics."""
-        if self.deletion_vectors:
-            self._refuse_deletion_vectors(touched)
+        ``touched`` (``_metadata.file_path`` values) with them; adds the file and time metrics
+        and records the operation's Delta ``parameters``.
+
+        A replaced file that carries a deletion vector is removed with it (the apply reads it
+        from the log): its visible rows, the ones the rewrite read, are what it writes back.
+        """
+        scanned = time.monotonic()
         adds: list[AddFileRecord] = []
         if output is not None:
             folder = f"{self.location}/op{len(self.operations)}"
             adds = write_files(output, self.table, folder, self.partition_by)
             self.added_folders.update({a.path: folder for a in adds})
             self.added.update({a.path: a for a in adds})
-        removed_files = removed_bytes = 0
+        written = time.monotonic()
+        removed_files = removed_bytes = removed_vectors = 0
         for spark_path in touched:
             path = self._relative(spark_path)
             if path in self.added:  # written by an earlier operation of this batch
@@ -238,10 +252,13 @@ class RowLevelTable:
                 self.removed_as_read.add(spark_path)
                 removed_files += 1
                 removed_bytes += file.size
+                removed_vectors += path in self.with_vectors
         metrics = {**metrics,
                    **_file_metrics(operation, len(adds), sum(a.size for a in adds),
-                                   removed_files, removed_bytes)}
+                                   removed_files, removed_bytes, removed_vectors),
+                   **_time_metrics(operation, self.started or scanned, scanned, written)}
         self.operations.append(operation)
+        self.parameters.append(dict(parameters or {}))
         self.metrics_update(metrics)
         return metrics
 
@@ -250,21 +267,10 @@ class RowLevelTable:
         self.added.update({a.path: a for a in adds})
         self.added_folders.update({a.path: folder for a in adds})
         self.operations.append("WRITE")
+        self.parameters.append({"mode": "Append",
+                                "partitionBy": json.dumps(self.partition_by)})
         rows = sum(json.loads(a.stats).get("numRecords", 0) for a in adds if a.stats)
         self.metrics_update({"numFiles": len(adds), "numOutputRows": rows})
-
-    def _refuse_deletion_vectors(self, touched: Sequence[str]) -> None:
-        """Copy-on-write of a file that carries a deletion vector would need a remove carrying
-        that vector, which delta-rs cannot write: such files are refused (their add actions in
-        delta-spark's snapshot name the vector)."""
-        base = [p for p in touched if self._relative(p) not in self.added]
-        for action in self._add_actions(base):
-            if has_deletion_vector(action):
-                raise RowLevelWriteRefused(
-                    f"table {self.table}: file {action.path()} carries a deletion vector; "
-                    "percolake's copy-on-write cannot remove it with its deletion vector "
-                    "yet. Purge the table's deletion vectors first (REORG TABLE ... APPLY "
-                    "(PURGE)) or disable them (docs/row-level-writes.md)")
 
     def metrics_update(self, metrics: dict[str, int]) -> None:
         """Adds an operation's row metrics (observed while its files were written)."""
@@ -283,7 +289,18 @@ class RowLevelTable:
             merge_schema=bool(self.evolved),
             read_version=self.read_version, operation=",".join(self.operations),
             operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
-                                         separators=(",", ":")))
+                                         separators=(",", ":")),
+            operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")))
+
+    def commit_parameters(self) -> dict[str, str]:
+        """The commit's operationParameters: one operation's own (as delta-spark writes
+        them); for several, each operation's in call order, under ``operations``."""
+        if len(self.operations) == 1:
+            return self.parameters[0]
+        return {"operations": json.dumps(
+            [{"operation": o, "parameters": p}
+             for o, p in zip(self.operations, self.parameters, strict=True)],
+            separators=(",", ":"))}
 
     def _relative(self, spark_path: str) -> str:
         root = _uri_path(self.table).rstrip("/") + "/"
@@ -298,13 +315,33 @@ class RowLevelTable:
 
 
 def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
-                  removed_bytes: int) -> dict[str, int]:
-    """Delta's file metrics under the names its operation uses."""
+                  removed_bytes: int, removed_vectors: int) -> dict[str, int]:
+    """Delta's file metrics under the names its operation uses. Copy-on-write adds no
+    deletion vector and no change file; a removed file's vector is removed with it."""
     if operation == "MERGE":
         return {"numTargetFilesAdded": added, "numTargetFilesRemoved": removed,
-                "numTargetBytesAdded": added_bytes, "numTargetBytesRemoved": removed_bytes}
+                "numTargetBytesAdded": added_bytes, "numTargetBytesRemoved": removed_bytes,
+                "numTargetDeletionVectorsAdded": 0, "numTargetDeletionVectorsUpdated": 0,
+                "numTargetDeletionVectorsRemoved": removed_vectors,
+                "numTargetChangeFilesAdded": 0}
     return {"numAddedFiles": added, "numRemovedFiles": removed,
-            "numAddedBytes": added_bytes, "numRemovedBytes": removed_bytes}
+            "numAddedBytes": added_bytes, "numRemovedBytes": removed_bytes,
+            "numDeletionVectorsAdded": 0, "numDeletionVectorsUpdated": 0,
+            "numDeletionVectorsRemoved": removed_vectors, "numAddedChangeFiles": 0}
+
+
+def _time_metrics(operation: str, started: float, scanned: float,
+                  written: float) -> dict[str, int]:
+    """Delta's time metrics: finding the rows (scan), writing the files (rewrite), both.
+    percolake does not materialize a MERGE's source (0 ms)."""
+    def ms(seconds: float) -> int:
+        return int(seconds * 1000)
+
+    metrics = {"executionTimeMs": ms(written - started), "scanTimeMs": ms(scanned - started),
+               "rewriteTimeMs": ms(written - scanned)}
+    if operation == "MERGE":
+        metrics["materializeSourceTimeMs"] = 0
+    return metrics
 
 
 def _uri_path(uri: str) -> str:
@@ -315,7 +352,11 @@ def _uri_path(uri: str) -> str:
 
 
 def observed(observation: Observation) -> dict[str, int]:
-    """An observation's counts (0 for a metric that saw no row)."""
+    """An observation's counts (0 for a metric that saw no row); {} when Spark removed the
+    observed plan (e.g. the side of a join with an empty table): the action then hands the
+    observation an empty row, which ``Observation.get`` cannot read."""
+    if observation._jo.getRow().size() == 0:  # noqa: SLF001 - PySpark has no public check
+        return {}
     return {k: int(v or 0) for k, v in observation.get.items()}
 
 

@@ -25,10 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from percolake.lake.parquet_stats import delta_stats
 from percolake.lake.warehouse import is_object_store, local_path
 from percolake.records import AddFileRecord
 from sparkside.object_writer import write_object_files
-from sparkside.parquet_stats import delta_stats
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"

@@ -43,6 +43,7 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 # module that use a module-scoped fixture (a daemon) share a worker too; every other test goes
 # to whichever worker is free.
 SPARK_SESSION_GROUP = "spark-session"
+S3_STORES_GROUP = "s3-stores"
 SPARK_DRIVERS_GROUP = "spark-drivers"
 _SHARED_SCOPES = ("module", "class", "package")
 
@@ -63,6 +64,8 @@ def xdist_group_of(item: pytest.Item) -> str | None:
         return SPARK_DRIVERS_GROUP
     if _uses_module_fixture(item):
         return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    if "s3_store" in fixtures:  # one worker starts SeaweedFS once
+        return S3_STORES_GROUP
     return None
 
 
@@ -218,6 +221,34 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     server.stop()
 
 
+S3_STORES = ("moto", "seaweedfs")
+
+
+@pytest.fixture(scope="session", params=S3_STORES)
+def s3_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator:
+    """Each S3 API server the semantic tests run on, one after another: moto's (the session's
+    ``moto_server``) and SeaweedFS's S3 gateway (``tests/seaweed_support.py``; skipped, saying
+    why, where its ``weed`` binary was not built). Both offer ``MotoServer``'s methods."""
+    if request.param == "moto":
+        yield request.getfixturevalue("moto_server")
+        return
+    from tests.seaweed_support import WEED_ENV, SeaweedServer, weed_binary, weed_cache_path
+
+    if weed_binary() is None:
+        pytest.skip(f"SeaweedFS's weed binary is not built (scripts/_venv.sh builds it with Go "
+                    f"into {weed_cache_path()}; or set {WEED_ENV})")
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_store_env(s3_store, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # noqa: ANN001
+    """``s3_env`` for ``s3_store``: this process's environment pointed at it for one test."""
+    return point_environment_at(s3_store, monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A Spark standalone cluster for the session (``tests/cluster_support.py``): a master and
@@ -240,7 +271,13 @@ def s3_bucket(moto_server) -> str:  # noqa: ANN001 - MotoServer
 def s3_env(moto_server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # noqa: ANN001
     """This process's environment pointed at ``moto_server`` for one test (the lake functions
     read the AWS variables when they run); returns the variables."""
-    env = moto_server.env()
+    return point_environment_at(moto_server, monkeypatch)
+
+
+def point_environment_at(server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # noqa: ANN001
+    """Sets this process's AWS variables to reach ``server`` (an S3 API server of the tests)
+    for one test; returns them."""
+    env = server.env()
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3",
                  "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)

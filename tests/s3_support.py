@@ -73,53 +73,22 @@ def end_child(process: subprocess.Popen[bytes], timeout_s: float) -> None:
         process.wait()
 
 
-class MotoServer:
-    """moto's S3 API server in a child process; ``start``, use, ``stop``."""
+class S3ApiServer:
+    """What every S3 API server of the tests offers (moto's, SeaweedFS's): its endpoint, the
+    environment that reaches it, and the tests' own access (buckets, keys, Arrow's
+    filesystem). ``name`` says which server it is."""
 
-    def __init__(self, log_path: Path | None = None, *,
-                 extra_env: Mapping[str, str] | None = None, iam: bool = False) -> None:
+    name = "s3"
+
+    def __init__(self) -> None:
         self.secret = f"percolake-test-secret-{uuid.uuid4().hex}"
-        self.access_key_id = ACCESS_KEY_ID  # an IAM server replaces both with its admin's keys
+        self.access_key_id = ACCESS_KEY_ID
         self.port = 0
-        self.log_path = log_path
-        self.extra_env = dict(extra_env or {})
-        self.iam = iam
-        self.process: subprocess.Popen[bytes] | None = None
         self._client: Any = None
-        self._iam_client: Any = None
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 60.0) -> MotoServer:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])), **self.extra_env}
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.s3_support"], cwd=ROOT, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        if log is not subprocess.DEVNULL:
-            log.close()
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        line = self.process.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            self.stop()
-            raise RuntimeError(f"moto's server did not start within {timeout_s} s "
-                               f"(exit status {self.process.poll()}); is moto[server] installed?"
-                               " (pip install -e '.[dev]')")
-        self.port = int(line)
-        if self.iam:
-            self._enforce_iam()
-        return self
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process is None:
-            return
-        end_child(self.process, timeout_s)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The variables a process needs to reach this server as the test user."""
@@ -171,6 +140,50 @@ class MotoServer:
 
     def put(self, bucket: str, key: str, body: bytes = b"x") -> None:
         self.client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+class MotoServer(S3ApiServer):
+    """moto's S3 API server in a child process; ``start``, use, ``stop``."""
+
+    name = "moto"
+
+    def __init__(self, log_path: Path | None = None, *,
+                 extra_env: Mapping[str, str] | None = None, iam: bool = False) -> None:
+        super().__init__()  # an IAM server replaces the keys with its admin's
+        self.log_path = log_path
+        self.extra_env = dict(extra_env or {})
+        self.iam = iam
+        self.process: subprocess.Popen[bytes] | None = None
+        self._iam_client: Any = None
+
+    def start(self, timeout_s: float = 60.0) -> MotoServer:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])), **self.extra_env}
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.s3_support"], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        if log is not subprocess.DEVNULL:
+            log.close()
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        line = self.process.stdout.readline() if ready else b""
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"moto's server did not start within {timeout_s} s "
+                               f"(exit status {self.process.poll()}); is moto[server] installed?"
+                               " (pip install -e '.[dev]')")
+        self.port = int(line)
+        if self.iam:
+            self._enforce_iam()
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process is None:
+            return
+        end_child(self.process, timeout_s)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
     # ------------------------------------------------------------ IAM (``iam=True``)
 

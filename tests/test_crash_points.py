@@ -11,8 +11,13 @@ coordinator's records and a concurrent snapshot reader's observations. The long 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -20,6 +25,7 @@ import pytest
 from tests.crash import light, scenarios
 from tests.crash.checker import Checker, read_versions
 from tests.crash.harness import Scenario
+from tests.crash.rpc import Client, state_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -136,9 +142,18 @@ def test_driver_dies_after_the_commit_point_c6_c7_c8_c8r_the_batch_is_finished_n
     again (I2). C8r's transaction is committed with every table done; the replay is answered
     already committed, the report comes by the replay or the coordinator's roll-forward, and it
     ends APPLIED. Every batch is in every table exactly once (I2), readers never saw a partial
-    batch (I1)."""
-    outcome = scenarios.driver_crash_chain(tmp_path, ["C6", "C7", "C8", "C8r"])
+    batch (I1).
+
+    It is also issue 32's acceptance run: each driver is SIGKILLed, and every batch, besides
+    the bank tables, MERGEs each account's net change into a balances table keyed by account
+    and inserts then deletes on a fourth table, through ``txn.delta_table``, both tables made
+    by delta-spark (CREATE TABLE ... USING DELTA) before the stream. Every snapshot read shows
+    each account's balance equal to its credits minus its debits, and delta-spark's latest
+    reads hold every batch exactly once (``tests/crash/row_level_job.py``)."""
+    outcome = scenarios.driver_crash_chain(tmp_path, ["C6", "C7", "C8", "C8r"], row_level=True)
     _assert_clean(outcome)
+    row_level = outcome.notes["row_level"]
+    assert row_level["final_read"] and row_level["snapshot_reads_checked"] >= 3, outcome.notes
     assert _committed_before_replay(outcome) == {
         "C6": True, "C7": True, "C8": True, "C8r": True}, outcome.notes
     crashes = {c["point"]: c for c in outcome.notes["crashes"]}
@@ -257,3 +272,61 @@ def test_a_table_feature_percolake_cannot_write_leaves_no_table_of_the_batch_sho
     _assert_clean(outcome)
     assert "FAILED_PRECONDITION" in outcome.notes["refusal"]
     assert outcome.notes["snapshot_s"] < 5
+
+
+# ---------------------------------------------------------------- merges (issue 32)
+
+
+def _run_merge_driver(daemon, table: Path, query_id: str, failpoint: str = ""):  # noqa: ANN001, ANN202
+    env = {**os.environ, "PERCOLAKE_FAILPOINTS": failpoint}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.crash.merge_driver", daemon.target, str(table), "merge",
+         query_id], env=env, capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parent.parent)
+
+
+def _commits_of(table: Path, txn_id: str) -> list[dict]:
+    infos = []
+    for entry in sorted((table / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info.get("percolake.txn_id") == txn_id:
+                infos.append(info)
+    return infos
+
+
+@pytest.mark.parametrize("point", ["before-row-level-entry", "after-row-level-entry"])
+def test_a_driver_killed_around_a_merges_delta_commit_applies_it_exactly_once(daemon, point):
+    """The driver dies in the merge's apply after COMMITTED: before its Delta log entry is put,
+    or after it is put but before the coordinator records it applied. The restarted driver
+    (same query) replays the batch: it is answered already committed, finishes the apply, and
+    the table holds the merge exactly once (no row lost, none updated or inserted twice), in
+    one commit named MERGE; the transaction ends APPLIED."""
+    from deltalake import write_deltalake
+
+    from percolake.lake.arrow_read import read_delta_table
+
+    table = daemon.warehouse / "balances"
+    write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()),
+                                          "value": pa.array([10, 20, 30], pa.int64())}))
+    query_id = str(uuid.uuid4())
+    crashed = _run_merge_driver(daemon, table, query_id, f"{point}=exit")
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    assert f"failpoint {point}: exit" in crashed.stderr
+    txn_id = json.loads(crashed.stdout.splitlines()[-1])["txn_id"]
+    with Client(daemon.target) as client:
+        assert state_name(client.transaction(txn_id).state) == "COMMITTED"
+    assert len(_commits_of(table, txn_id)) == (0 if point.startswith("before") else 1)
+
+    replay = _run_merge_driver(daemon, table, query_id)
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    assert json.loads(replay.stdout.splitlines()[-1]) == {"txn_id": txn_id, "replayed": True}
+    rows = sorted((r["id"], r["value"]) for r in read_delta_table(str(table)).to_pylist())
+    assert rows == [(1, 10), (2, 25), (3, 30), (4, 40)]
+    commits = _commits_of(table, txn_id)
+    assert len(commits) == 1 and commits[0]["operation"] == "MERGE", commits
+    with Client(daemon.target) as client:
+        assert state_name(client.transaction(txn_id).state) == "APPLIED"
+        batch = [t for t in client.list_transactions("merge")
+                 if state_name(t.state) in ("COMMITTED", "APPLIED")]
+        assert [t.txn_id for t in batch] == [txn_id]

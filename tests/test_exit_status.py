@@ -7,8 +7,8 @@ checks every exit status; driver runs numbered ``i % 5 == 4`` end with a failure
 (status 3) after their reads, which must come out as 3, not 134.
 
 - ``demo``: imports ``scripts/demo.py`` and runs its table-reading functions (``table_sum`` of
-  the latest and of an older version, ``previous_balances``) on prepared Delta tables: the part
-  of the demo that scans tables with pyarrow, without its ~90 s Spark job.
+  the latest and of an older version, ``per_account``) on prepared Delta tables: the part of the
+  demo that scans tables with pyarrow, without its ~90 s Spark job.
 - ``participant``: a user's driver doing the participant's table reads outside the JVM:
   ``describe_files`` (Parquet footers of the attempt's files), ``SchemaChecker`` (table layout)
   and ``apply_table_write`` of an append and an overwrite (which lists the add actions).
@@ -56,14 +56,14 @@ batches, rows = int(sys.argv[4]), int(sys.argv[5])
 total = lambda n: sum(t % 50 + 1 for t in range(n * rows))
 balances = lambda v: {a: 1000 + a // rows for a in range((v + 1) * rows)}
 assert demo.table_sum(lake / "missing") is None
-assert demo.previous_balances(lake / "balances", None) == {}
+assert demo.per_account(lake / "missing", None, "balance") == {}
 assert demo.table_sum(lake / "credits", 4) == total(5)
-assert demo.previous_balances(lake / "balances", 4) == balances(4)
+assert demo.per_account(lake / "accounts", 4, "balance") == balances(4)
 # the last scan, right before exit, reads every file: when an abort at exit would strike
 if i % 2:
     assert demo.table_sum(lake / "debits") == total(batches)
 else:
-    assert demo.previous_balances(lake / "balances", batches - 1) == balances(batches - 1)
+    assert demo.per_account(lake / "accounts", batches - 1, "balance") == balances(batches - 1)
 sys.exit(status)
 """
 
@@ -136,7 +136,7 @@ def test_demo_table_reads_exit_with_their_status(tmp_path):
             ("account", [t % 8 for t in transfers]), ("amount", [t % 50 + 1 for t in transfers])]})
         write_deltalake(tmp_path / "debits", moves, mode="append")
         write_deltalake(tmp_path / "credits", moves, mode="append")
-        write_deltalake(tmp_path / "balances", pa.table({
+        write_deltalake(tmp_path / "accounts", pa.table({
             "account": pa.array(transfers, pa.int64()),
             "balance": pa.array([1000 + batch] * rows, pa.int64())}), mode="append")
     _run_driver(DEMO_DRIVER, str(tmp_path), str(batches), str(rows))

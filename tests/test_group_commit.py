@@ -166,3 +166,38 @@ def test_the_fail_stop_of_a_high_water_commit_exits_the_process(tmp_path):
     assert child.stdout == ""  # no timestamp was handed out
     assert "group commit" in child.stderr
     assert durable_high_water(tmp_path) == 0
+
+
+def test_batches_go_on_while_a_flush_syncs_and_the_flush_waits_for_its_sync(tmp_path,
+                                                                            monkeypatch):
+    """The fsync of a group leaves the store's lock: another request writes its batch while
+    the disk syncs; and the flushing caller returns only after its WAL fsync (I8)."""
+    store = SqliteStore(tmp_path, group_commit=True)
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: we fsync
+    syncing, release = threading.Event(), threading.Event()
+    real_fsync = sqlite.os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        syncing.set()
+        release.wait(10)
+        real_fsync(fd)
+
+    store.insert_txn(txn("a", 1))
+    monkeypatch.setattr(sqlite.os, "fsync", slow_fsync)
+    flusher = threading.Thread(target=store.flush)
+    flusher.start()
+    try:
+        assert syncing.wait(10)
+        assert durable_ids(tmp_path) == {"a"}  # committed, its fsync under way
+        writer = threading.Thread(target=store.insert_txn, args=(txn("b", 2),))
+        writer.start()
+        writer.join(3)
+        assert not writer.is_alive()  # not blocked by the fsync in progress
+        assert flusher.is_alive()  # the flush has not returned before its fsync
+    finally:
+        release.set()
+        flusher.join(10)
+    monkeypatch.setattr(sqlite.os, "fsync", real_fsync)
+    store.flush()
+    assert durable_ids(tmp_path) == {"a", "b"}
+    store.close()

@@ -241,7 +241,7 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 7
+                            ).fetchone()[0] == 8
 
 
 def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
@@ -270,18 +270,18 @@ def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 7
+                            ).fetchone()[0] == 8
 
 
 def test_a_newer_schema_is_refused(pg_dsn):
     PostgresStore(pg_dsn).close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE meta SET value = 8 WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = 9 WHERE key = 'schema_version'")
     with pytest.raises(StoreSchemaError) as refused:
         PostgresStore(pg_dsn)
     assert str(refused.value) == (
         f"the store at 127.0.0.1:{urllib.parse.urlsplit(pg_dsn).port}/{dbname(pg_dsn)} has "
-        "schema 8; this coordinator knows up to 7: upgrade the coordinator")
+        "schema 9; this coordinator knows up to 8: upgrade the coordinator")
 
 
 def test_a_connection_cut_mid_batch_is_unavailable_then_reconnects(postgres_server, pg_dsn):

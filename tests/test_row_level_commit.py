@@ -15,10 +15,13 @@ from deltalake import DeltaTable, write_deltalake
 from coordinator import validation
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
 from coordinator.store import MemoryStore
-from percolake import codec
-from percolake.errors import FailedPrecondition, InvalidArgument
+from percolake import codec, failpoints
+from percolake.errors import FailedPrecondition, InvalidArgument, TableQuarantined
+from percolake.lake import delta_commit
+from percolake.lake import log_entry as log_entry_module
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.conflicts import RowLevelConflict, check_row_level_write
+from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import CannotApplyAsRead, apply_table_write, files_of_version
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.lake.write_check import WriteChecker
@@ -91,7 +94,7 @@ def test_the_apply_commits_removes_beside_adds_once_with_the_operation_metrics(t
     assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 1
     assert DeltaTable(str(table)).version() == 1, "a replay never applies it twice"
     info = DeltaTable(str(table)).history(1)[0]
-    assert info["percolake.operation"] == "MERGE"
+    assert info["operation"] == "MERGE" and info["percolake.operation"] == "MERGE"
     assert info["operationMetrics"] == {"numTargetRowsDeleted": "1"}
 
 
@@ -162,7 +165,126 @@ def test_a_committed_write_an_outside_writer_broke_is_never_applied_and_keeps_it
     DeltaTable(str(table)).delete("id = 3")  # the driver died; an outside writer commits
     before = rows(table)
     other, _ = core.open_transaction("p", 1)  # its next batch
-    with pytest.raises(CannotApplyAsRead, match="not applied against other data"):
+    with pytest.raises(TableQuarantined, match="cannot be applied as it read the table"):
         core.declare_tables(other.txn_id, None, [uri])
     assert rows(table) == before == [(1, 10), (2, 20)]
     assert core.get_transaction(txn.txn_id).state == TxnState.COMMITTED
+
+
+def log_actions(table: Path, version: int) -> list[dict]:
+    text = (table / "_delta_log" / f"{version:020d}.json").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_commit_is_delta_sparks_operation_with_its_parameters_and_the_percolake_tags(table):
+    parameters = {"predicate": '["(t.id = s.id)"]',
+                  "matchedPredicates": '[{"actionType":"update"}]',
+                  "notMatchedPredicates": "[]", "notMatchedBySourcePredicates": "[]"}
+    write = dataclasses.replace(rewrite(table, [1, 2], [10, 25]),
+                                operation_parameters=json.dumps(parameters))
+    apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5)
+    actions = log_actions(table, 1)
+    info = actions[0]["commitInfo"]
+    assert info["operation"] == "MERGE" and info["operationParameters"] == parameters
+    assert info["readVersion"] == 0 and info["isBlindAppend"] is False
+    assert info["percolake.txn_id"] == TXN and info["percolake.commit_ts"] == "5"
+    assert json.loads(info["userMetadata"]) == {"percolake.txn_id": TXN,
+                                                 "percolake.commit_ts": "5"}
+    assert {"txn": {"appId": APP, "version": 0, "lastUpdated": actions[1]["txn"]["lastUpdated"]}} \
+        == actions[1]
+    assert DeltaTable(str(table)).transaction_version(APP) == 0
+    assert delta_commit.is_commit_of(f"file://{table}", 1, TXN, APP, 0)
+    changes = [a for a in actions if "add" in a or "remove" in a]
+    assert len(changes) == 2 and all(
+        (a.get("add") or a.get("remove"))["dataChange"] is True for a in changes)
+
+
+def test_a_write_that_only_rearranges_rows_is_an_optimize_with_data_change_false(table):
+    write = dataclasses.replace(rewrite(table, [1, 2, 3], [10, 20, 30]), operation="OPTIMIZE",
+                                data_change=False, operation_metrics="")
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 1
+    actions = log_actions(table, 1)
+    assert actions[0]["commitInfo"]["operation"] == "OPTIMIZE"
+    changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    assert len(changes) == 2 and not any(c["dataChange"] for c in changes)
+    assert rows(table) == [(1, 10), (2, 20), (3, 30)]
+
+
+def test_a_lost_put_if_absent_race_re_checks_and_finds_the_write_applied_once(table,
+                                                                             monkeypatch):
+    """Two appliers of one write (the participant and the roll-forward): the other puts the
+    entry first; ours loses the put-if-absent, re-reads and answers the other's version."""
+    write = rewrite(table, [1, 2], [10, 25])
+    real_put = log_entry_module.put_entry
+    raced = []
+
+    def the_other_applier_wins(table_uri: str, version: int, actions: list[dict]) -> bool:
+        if not raced:
+            raced.append(version)
+            monkeypatch.setattr(delta_commit, "put_entry", real_put)
+            assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN,
+                                     commit_ts=5) == version
+            monkeypatch.setattr(delta_commit, "put_entry", the_other_applier_wins)
+        return real_put(table_uri, version, actions)
+
+    monkeypatch.setattr(delta_commit, "put_entry", the_other_applier_wins)
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 1
+    assert raced == [1] and DeltaTable(str(table)).version() == 1
+    assert rows(table) == [(1, 10), (2, 25)]
+
+
+@pytest.mark.parametrize("point", ["before-row-level-entry", "after-row-level-entry"])
+def test_an_apply_stopped_at_a_row_level_failpoint_applies_once_when_run_again(table, point):
+    write = rewrite(table, [1, 2], [10, 25])
+    failpoints.enable(point, "raise")
+    try:
+        with pytest.raises(failpoints.FailpointError):
+            apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5)
+    finally:
+        failpoints.disable()
+    assert DeltaTable(str(table)).version() == (0 if point.startswith("before") else 1)
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 1
+    assert DeltaTable(str(table)).version() == 1 and rows(table) == [(1, 10), (2, 25)]
+
+
+def test_a_row_level_commit_at_the_checkpoint_interval_writes_the_checkpoint(tmp_path):
+    """As delta-rs's own commits do: a log entry of ours at a multiple of
+    delta.checkpointInterval leaves a checkpoint that delta-rs reads the table from."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2, 3], "value": [10, 20, 30]}),
+                    configuration={"delta.checkpointInterval": "2"})
+    write_deltalake(str(path), pa.table({"id": [4], "value": [40]}), mode="append")
+    version = DeltaTable(str(path)).version()
+    files = files_of_version(f"file://{path}", version)
+    folder = path / "_percolake" / TXN / "op0"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()),
+                             "value": pa.array([10, 20, 30, 41], pa.int64())}),
+                   folder / "p.parquet")
+    write = TableWriteRecord(
+        f"file://{path}", WriteMode.ROW_LEVEL,
+        (AddFileRecord(f"_percolake/{TXN}/op0/p.parquet", (folder / "p.parquet").stat().st_size,
+                       {}, 0, '{"numRecords":4}'),), files.schema_json,
+        remove_files=tuple(RemoveFileRecord(f.path, f.size, {}) for f in files.files),
+        read_version=version, operation="UPDATE")
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id=TXN, commit_ts=5) == 2
+    assert (path / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    assert rows(path) == [(1, 10), (2, 20), (3, 30), (4, 41)]
+
+
+def test_deletion_vectors_are_read_from_the_log_as_delta_spark_writes_them(table):
+    """delta-spark's DELETE writes the file's add with its new vector before the remove of
+    the file without one, in one entry: the add decides (a logical file is path + vector)."""
+    path = files_of_version(f"file://{table}", 0).files[0].path
+    vector = {"storageType": "u", "pathOrInlineDv": "N4=5IZpc(2U7(J$wwwxo", "offset": 1,
+              "sizeInBytes": 34, "cardinality": 1}
+    entry = [{"commitInfo": {"operation": "DELETE"}},
+             {"add": {"path": path, "partitionValues": {}, "size": 1, "modificationTime": 0,
+                      "dataChange": True, "deletionVector": vector}},
+             {"remove": {"path": path, "dataChange": True, "deletionTimestamp": 0}}]
+    (table / "_delta_log" / f"{1:020d}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in entry))
+    uri = f"file://{table}"
+    assert deletion_vectors(uri, 1) == {path: vector}
+    assert deletion_vectors(uri, 1, [path, "other.parquet"]) == {path: vector}
+    assert deletion_vectors(uri, 0) == {}

@@ -1,6 +1,7 @@
 """One conformance suite for every store implementation (memory, SQLite, PostgreSQL), and the
 leader lease's for the stores that keep one."""
 
+import dataclasses
 import time
 
 import pytest
@@ -19,6 +20,8 @@ from percolake.errors import StoreConflict
 from percolake.records import (
     AddFileRecord,
     PipelineRecord,
+    QuarantineChoice,
+    QuarantineRecord,
     ResetRecord,
     TableEntry,
     TableWriteRecord,
@@ -178,9 +181,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 8 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 9 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 8; this coordinator knows up to 7: "
+    with pytest.raises(StoreSchemaError, match="has schema 9; this coordinator knows up to 8: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -299,10 +302,11 @@ def test_sqlite_schema_1_is_migrated_to_the_newest_keeping_its_records(tmp_path)
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 7
+                                   ).fetchone()[0] == 8
         assert store.get_txn("t1") == txn()  # principal "": opened without authentication
         assert store.load_tokens() == [] and store.load_acl() == []
         assert store.load_table_writers() == [] and store.load_read_edges() == []
+        assert store.load_quarantines() == []
     finally:
         store.close()
 
@@ -620,7 +624,7 @@ def test_sqlite_schema_4_is_migrated_to_the_newest_keeping_its_records(tmp_path)
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 7
+                                   ).fetchone()[0] == 8
         assert store.get_txn("t1") == txn()  # no input barrier, no source offsets
         pipeline = store.load_pipelines()[0]
         assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,
@@ -664,3 +668,18 @@ def test_the_input_barrier_lookups_read_an_index_never_sorting_a_range(tmp_path)
         assert "USING INDEX" in plans[1] and "TEMP B-TREE" not in plans[1], plans[1]
     finally:
         store.close()
+
+
+def test_quarantine_records_are_kept_replaced_by_table_and_transaction_and_ordered(store):
+    first = QuarantineRecord("file:///w/b", "t1", "version 3 (OPTIMIZE) removed 1 file", 100)
+    other = QuarantineRecord("file:///w/a", "t9", "version 5 changed the metadata", 300)
+    later = QuarantineRecord("file:///w/b", "t2", "version 8 removed 2 files", 200)
+    for record in (first, other, later):
+        store.put_quarantine(record)
+    assert store.load_quarantines() == [other, first, later]
+    chosen = dataclasses.replace(first, choice=QuarantineChoice.ABANDON, chosen_by="ops",
+                                 chosen_ms=150, choice_reason="rows re-entered by hand",
+                                 as_of_version=3, released_ms=160)
+    store.put_quarantine(chosen)  # the operator's choice replaces the record, never adds one
+    assert store.load_quarantines() == [other, chosen, later]
+    assert [q.active for q in store.load_quarantines()] == [True, False, True]

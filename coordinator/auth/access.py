@@ -25,6 +25,9 @@ The rules (docs/security.md has the table):
   of leases other principals took are shown empty unless the caller is ADMIN on '*'.
 - Vacuum: ADMIN on every pipeline ('*') and WRITE on the table: it deletes files (audited).
 - Revise: ADMIN on every pipeline ('*'): it rewrites tables and resets pipelines (audited).
+- ListQuarantines: DESCRIBE on the pipeline filter, on every pipeline ('*') without one.
+  ReleaseQuarantine: ADMIN on every
+  pipeline ('*') and WRITE on the table: it decides what becomes of a committed write (audited).
 - Nobody drives the reserved pipeline ``percolake.revise`` (the coordinator's revisions): a
   request naming it as its pipeline, or acting on one of its transactions, is refused.
 - ResetPipeline: ADMIN; with ``require_idle`` (a driver's automatic reset, refused while the
@@ -322,6 +325,23 @@ def _revise(checks: Checks, request: Any) -> Decision:
     return Decision(action="revise")
 
 
+def _list_quarantines(checks: Checks, request: Any) -> Decision:
+    if request.pipeline_id:
+        checks.pipeline(Permission.DESCRIBE, request.pipeline_id)
+    else:
+        checks.every_pipeline(Permission.DESCRIBE, "list every quarantined table (name a "
+                              "pipeline to list those of its transactions)")
+    return Decision()
+
+
+def _release_quarantine(checks: Checks, request: Any) -> Decision:
+    checks.every_pipeline(Permission.ADMIN, "release a quarantined table (it decides what "
+                          "becomes of a committed write)")
+    checks.tables(Permission.WRITE, [request.table],
+                  count_check=lambda count, what: validation.check_count(what, count))
+    return Decision(action="release quarantine")
+
+
 def _reset(checks: Checks, request: Any) -> Decision:
     if request.require_idle and checks.has(Permission.WRITE, request.pipeline_id):
         audit.note(pipeline=request.pipeline_id)
@@ -340,6 +360,7 @@ _RULES: dict[str, Callable[[Checks, Any], Decision]] = {
     "RegisterReads": _register_reads, "GetTopology": _get_topology,
     "ReleaseLease": _release_lease, "ListLeases": _list_leases, "Vacuum": _vacuum,
     "PlanBarrier": _plan_barrier, "GetTableChanges": _table_changes, "Revise": _revise,
+    "ListQuarantines": _list_quarantines, "ReleaseQuarantine": _release_quarantine,
 }
 
 

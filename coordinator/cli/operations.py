@@ -22,6 +22,8 @@ from coordinator.views import (
     find_hanging,
     now_ms,
     pipeline_json,
+    quarantine_json,
+    quarantine_note,
     ts_time,
     txn_json,
 )
@@ -199,7 +201,9 @@ def _find_hanging(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
             if any(t["waiting_for_table"] for t in unfinished) else unfinished
     else:
         every = unfinished
-    hanging = find_hanging(unfinished, every, args.older_than)
+    quarantines = [quarantine_json(q) for q in call(
+        "ListQuarantines", pb.ListQuarantinesRequest(pipeline_id=args.pipeline)).quarantines]
+    hanging = find_hanging(unfinished, every, args.older_than, quarantines)
     if not hanging:
         return hanging, f"no transaction unfinished for longer than {age_text(args.older_than)}"
     rows = []
@@ -211,8 +215,10 @@ def _find_hanging(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
         rows.append([txn["txn_id"], txn["pipeline_id"], str(txn["batch_id"]), txn["state"],
                      age_text(txn["age_s"]), ", ".join(t["table"] for t in txn["tables"]),
                      wait["table"] if wait else "", holder])
-    return hanging, _table(["TXN_ID", "PIPELINE", "BATCH", "STATE", "AGE", "HOLDS",
-                            "WAITING FOR", "HELD BY"], rows)
+    text = _table(["TXN_ID", "PIPELINE", "BATCH", "STATE", "AGE", "HOLDS", "WAITING FOR",
+                   "HELD BY"], rows)
+    notes = [quarantine_note(q) for txn in hanging for q in txn["quarantined"]]
+    return hanging, "\n".join([text, *notes])
 
 
 def _pipelines_list(args: argparse.Namespace, call: Call) -> tuple[Any, str]:
@@ -347,6 +353,7 @@ def _txn_details(txn: dict[str, Any]) -> str:
             ["TABLE", "MODE", "PREWRITTEN", "FILES", "ROWS", "APPLIED", "DELTA VERSION",
              "WRITE LOCATION"],
             [[_named(t), t["mode"], "yes" if t["prewritten"] else "no", str(t["file_count"]),
-              str(t["row_count"]), "yes" if t["applied"] else "no",
+              str(t["row_count"]),
+              "abandoned" if t["abandoned"] else "yes" if t["applied"] else "no",
               _opt(t["delta_version"]), t["write_location"]] for t in txn["tables"]]))
     return "\n".join(lines)

@@ -19,7 +19,9 @@ import sys
 from coordinator import limits
 from coordinator.cli import auth as auth_cli
 from coordinator.cli import operations as ops_cli
+from coordinator.cli import optimize as optimize_cli
 from coordinator.cli import revise as revise_cli
+from coordinator.cli import tables as tables_cli
 from coordinator.cli import topology as topology_cli
 from coordinator.cli import vacuum as vacuum_cli
 from coordinator.cli.client import client_follower
@@ -212,6 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     topology_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     vacuum_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     revise_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    tables_cli.add_commands(commands, f"127.0.0.1:{DEFAULT_PORT}")
+    optimize_cli.add_command(commands, f"127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
@@ -314,4 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         return vacuum_cli.run(args)
     if args.command == "revise":
         return revise_cli.run(args)
+    if args.command == "tables":
+        return tables_cli.run(args)
+    if args.command == "optimize":
+        return optimize_cli.run(args)
     return _reset(args)

@@ -17,6 +17,7 @@ from coordinator.core.leases import Leases
 from coordinator.core.maintenance import Maintenance
 from coordinator.core.opening import Opening
 from coordinator.core.pipelines import Pipelines
+from coordinator.core.quarantine import Quarantining
 from coordinator.core.revision import Revising
 from coordinator.core.snapshots import Snapshots
 from coordinator.core.state import CoordinatorConfig, CoreState, Snapshot
@@ -28,6 +29,6 @@ __all__ = ["CoordinatorConfig", "CoreState", "Snapshot", "TransactionCoordinator
 
 
 class TransactionCoordinator(Pipelines, Opening, Writing, Applying, Snapshots, Maintenance,
-                             Fencing, Topology, Leases, Vacuuming, Revising):
+                             Fencing, Topology, Leases, Vacuuming, Revising, Quarantining):
     """The coordinator's core: every RPC of the service is one method here, each request
     family in its own module over one shared state (``CoreState``)."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from coordinator import metrics, validation
 from coordinator.core.state import CoreState, wall_ms
 from percolake.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from percolake.lake.delta_commit import CannotApplyAsRead
+from percolake.lake.warehouse import is_object_store
+from percolake.parallel import in_parallel
 from percolake.records import TxnRecord, delta_app_id
 from percolake.states import COMMITTED_STATES, TxnState, check_transition
 
@@ -92,8 +95,20 @@ class Applying(CoreState):
         if self._applied_check is None:
             return
         app_id = delta_app_id(txn.pipeline_id, txn.generation)
-        for table, version in versions.items():
-            if not self._applied_check(table, version, txn.txn_id, app_id, txn.batch_id):
+        check = self._applied_check
+
+        def is_own(item: tuple[str, int]) -> bool:
+            return check(item[0], item[1], txn.txn_id, app_id, txn.batch_id)
+
+        items = list(versions.items())
+        remote = sum(is_object_store(table) for table, _ in items)
+        # one log entry read per table: on an object store, the tables side by side
+        outcomes = in_parallel(is_own, items, len(items) if remote > 1 else 1,
+                               "percolake-verify")
+        for (table, version), own in zip(items, outcomes, strict=True):
+            if isinstance(own, Exception):
+                raise own
+            if not own:
                 raise FailedPrecondition(
                     f"Delta version {version} of {table} is not transaction {txn.txn_id}'s "
                     f"commit (its log entry must name the transaction and carry app "
@@ -125,12 +140,17 @@ class Applying(CoreState):
             self._before_roll_forward(txn)
             if self._applier is None:
                 raise DeadlineExceeded(f"this coordinator cannot apply Delta commits ({table})")
-            version = self._applier(
-                write, app_id=delta_app_id(txn.pipeline_id, txn.generation),
-                app_version=txn.batch_id, txn_id=txn_id, commit_ts=txn.commit_ts,
-            )
+            write = self._write_to_apply(txn_id, table, write)  # refused while quarantined
+            try:
+                version = self._applier(
+                    write, app_id=delta_app_id(txn.pipeline_id, txn.generation),
+                    app_version=txn.batch_id, txn_id=txn_id, commit_ts=txn.commit_ts,
+                )
+            except CannotApplyAsRead as exc:  # I12: never applied against other data
+                raise self._quarantine(txn_id, table, exc.problem) from exc
             with self._lock:
                 self._record_applied(self._get(txn_id), {table: version})
+                self._released_by_apply(txn_id, table, version)
             log.info("rolled forward", extra={"txn_id": txn_id, "table": table,
                                               "delta_version": version})
         finally:
@@ -192,7 +212,10 @@ class Applying(CoreState):
             with self._lock:
                 self._table_waits.give_back()
 
-    def _record_applied(self, txn: TxnRecord, versions: dict[str, int]) -> TxnRecord:
+    def _record_applied(self, txn: TxnRecord, versions: dict[str, int],
+                        abandoned: Collection[str] = ()) -> TxnRecord:
+        """Records the Delta versions of applied tables (``abandoned``: tables whose
+        quarantined write an operator abandoned, at the version that holds none of it)."""
         if txn.state not in COMMITTED_STATES:
             raise FailedPrecondition(
                 f"transaction {txn.txn_id} is {txn.state.value}; only a committed transaction "
@@ -210,6 +233,7 @@ class Applying(CoreState):
                         f"not {version}")
                 continue
             entry.delta_version = version
+            entry.abandoned = table in abandoned
             changed.append(table)
         if not changed:
             return txn
@@ -219,9 +243,8 @@ class Applying(CoreState):
         updated.updated_ms = wall_ms()
         with self.store.batch():
             self.store.update_txn(updated)
-            for table in changed:
-                self.store.set_table_commit_version(table, updated.commit_ts,
-                                                    versions[table])
+            self.store.set_table_commit_versions([(table, updated.commit_ts, versions[table])
+                                                  for table in changed])
         self._track(updated)
         self._changed.notify_all()
         return updated

@@ -49,7 +49,8 @@ class Maintenance(CoreState):
                         _log_failure("could not expire a transaction", exc, txn_id=txn_id)
             due = now - self.config.roll_forward_after_s
             orphaned = [
-                (t.txn_id, [table for table, entry in t.tables.items() if not entry.applied])
+                (t.txn_id, [table for table, entry in t.tables.items()
+                            if not entry.applied and not self._held_back(t.txn_id, table)])
                 for t in self._unfinished.values()
                 if t.state == TxnState.COMMITTED and self._committed_at.get(t.txn_id, now) <= due
             ]

@@ -17,7 +17,7 @@ from percolake.errors import NotFound
 from percolake.lake.cleanup import remove_attempt_files
 from percolake.lake.warehouse import Warehouse
 from percolake.lineage import Lineage
-from percolake.records import PipelineRecord, TableWriteRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TableWriteRecord, TxnRecord
 from percolake.states import LIVE_STATES, TxnState
 
 log = logging.getLogger("percolake.coordinator")
@@ -132,6 +132,9 @@ class CoreState:
         self._plan_rounds: dict[str, tuple[int, int, int, int, bool]] = {}
         self._last_commit_at = {p.pipeline_id: monotonic() for p in self._pipelines.values()
                                 if p.last_commit_ms}
+        # canonical table -> its active quarantine (coordinator/core/quarantine.py)
+        self._quarantined: dict[str, QuarantineRecord] = {
+            q.table: q for q in store.load_quarantines() if q.active}
         # the state each unfinished transaction was last tracked in (metrics' transitions);
         # recovered ones are not transitions
         self._tracked_state: dict[str, TxnState] = {}
@@ -233,6 +236,25 @@ class CoreState:
     def _before_roll_forward(self, txn: TxnRecord) -> None:
         """What must be durable before any table of a committed transaction is applied by
         roll-forward: nothing, but for a revision (coordinator/core/revision.py)."""
+
+    def _write_to_apply(self, txn_id: str, table: str,
+                        write: TableWriteRecord) -> TableWriteRecord:
+        """The write a roll-forward applies; raises TableQuarantined while the table is
+        quarantined by this transaction and no operator chose (coordinator/core/quarantine.py)."""
+        return write
+
+    def _quarantine(self, txn_id: str, table: str, reason: str) -> Exception:
+        """Records the table quarantined (its committed write cannot be applied as read) and
+        returns the refusal to raise."""
+        raise NotImplementedError
+
+    def _held_back(self, txn_id: str, table: str) -> bool:
+        """Under the lock: the table is quarantined by the transaction, with no choice made
+        yet (nothing to roll forward until an operator chooses)."""
+        return False
+
+    def _released_by_apply(self, txn_id: str, table: str, version: int) -> None:
+        """Under the lock, once the write is recorded applied: ends a quarantine of it."""
 
     def _track(self, txn: TxnRecord, timeout_ms: int = 0) -> None:
         """Makes the in-memory view match the durable record just written."""

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from coordinator import validation
+from coordinator.core.optimizing import is_optimize_pipeline
 from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import ReadEdge, Store, TableCommit, TableWriter
@@ -579,7 +580,7 @@ class Topology(CoreState):
         """Refuses, under the lock, a pipeline declaring a table another pipeline owns (unless
         --shared-table-writers) or whose ownership would close a cycle; changes nothing."""
         names = list(tables)
-        if pipeline_id == REVISE_PIPELINE:  # the coordinator's own revision: owns nothing
+        if pipeline_id == REVISE_PIPELINE or is_optimize_pipeline(pipeline_id):  # own nothing
             return
         if not self.config.shared_table_writers:
             for table, owner in self._lineage.foreign_owners(pipeline_id, names).items():
@@ -600,6 +601,8 @@ class Topology(CoreState):
     def _persist_writers(self, pipeline_id: str, tables: Iterable[str]) -> list[TableWriter]:
         """Inside the batch that declares ``tables`` (after ``_check_writer``): records the
         pipeline as the owner of each table without one. ``_own`` applies them once durable."""
+        if is_optimize_pipeline(pipeline_id):  # a compaction makes no pipeline a writer
+            return []
         now = wall_ms()
         owners = [TableWriter(t, pipeline_id, now) for t in tables
                   if t not in self._lineage.writers]

@@ -7,12 +7,15 @@ import logging
 from collections.abc import Iterable
 
 from coordinator import validation
+from coordinator.core.optimizing import check_optimize_writes
 from coordinator.core.quotas import exceeded
 from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition, InvalidArgument, TransactionAborted
 from percolake.failpoints import fail_point
+from percolake.lake.warehouse import is_object_store
+from percolake.parallel import in_parallel, results_or_first_error
 from percolake.records import TableEntry, TableWriteRecord, TxnRecord, WriteMode
 from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
 
@@ -153,9 +156,9 @@ class Writing(CoreState):
                 pipeline.last_commit_ms = updated.updated_ms
             with self.store.batch():
                 self.store.update_txn(updated)
-                for table in updated.tables:
-                    self.store.add_table_commit(TableCommit(table, commit_ts, txn_id, None,
-                                                            txn.input_barrier))
+                self.store.add_table_commits([TableCommit(table, commit_ts, txn_id, None,
+                                                          txn.input_barrier)
+                                              for table in updated.tables])
                 self.store.update_pipeline(pipeline)
             self._pipelines[pipeline.pipeline_id] = pipeline
             if current_generation:
@@ -295,9 +298,15 @@ class Writing(CoreState):
     def _check_applicable(self, writes: list[TableWriteRecord]) -> None:
         """I10: refuses, before the commit point, a write whose apply could fail. Called with
         the tables held (no protocol writer can change them) and outside the lock (file I/O)."""
-        if self._write_check is not None:
+        if self._write_check is None:
+            return
+        if sum(is_object_store(w.table) for w in writes) <= 1:
             for write in writes:
                 self._write_check(write)
+            return
+        # each check waits on its object store: the tables side by side, one round trip
+        results_or_first_error(in_parallel(self._write_check, writes, len(writes),
+                                           "percolake-write-check"))
 
     def _check_writes(self, txn_id: str, writes: list[TableWriteRecord]) -> list[TableWriteRecord]:
         self.check_txn_tables(len(writes), "table writes")  # limits first: no per-table work
@@ -309,8 +318,10 @@ class Writing(CoreState):
             if table in seen:
                 raise InvalidArgument(f"table {write.table} appears twice in one prewrite")
             seen.add(table)
+            if write.table != table:  # first: the checks' cached encodings stay with it
+                write = dataclasses.replace(write, table=table)
             validation.check_table_write(write, txn_id, self.config.max_intent_bytes)
-            checked.append(dataclasses.replace(write, table=table))
+            checked.append(write)
         return checked
 
     def _check_txn_totals(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> None:
@@ -339,6 +350,7 @@ class Writing(CoreState):
                 )
 
     def _with_writes(self, txn: TxnRecord, writes: list[TableWriteRecord]) -> TxnRecord:
+        check_optimize_writes(txn.pipeline_id, writes)
         self._refuse_different_prewrite(txn, writes)
         updated = txn.copy()
         for write in writes:

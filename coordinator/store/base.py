@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coordinator.auth_records import AclRecord, TokenRecord
-from percolake.records import PipelineRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 from percolake.states import TxnState
 
 UNFINISHED_STATES = (TxnState.OPEN, TxnState.PREWRITTEN, TxnState.COMMITTED)
@@ -252,6 +252,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def set_table_commit_version(self, table: str, commit_ts: int, delta_version: int) -> None: ...
 
+    def add_table_commits(self, commits: Sequence[TableCommit]) -> None:
+        """``add_table_commit`` of each, in one step where the store can (inside a batch)."""
+        for commit in commits:
+            self.add_table_commit(commit)
+
+    def set_table_commit_versions(self, versions: Sequence[tuple[str, int, int]]) -> None:
+        """``set_table_commit_version`` of each (table, commit_ts, delta_version)."""
+        for table, commit_ts, delta_version in versions:
+            self.set_table_commit_version(table, commit_ts, delta_version)
+
     @abc.abstractmethod
     def table_commit_at(self, table: str, max_commit_ts: int) -> TableCommit | None:
         """The newest commit to ``table`` with commit_ts <= max_commit_ts."""
@@ -402,3 +412,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_acl(self, entry: AclRecord) -> bool:
         """Removes the entry with ``entry``'s key; False if there was none."""
+
+    # quarantined tables (docs/row-level-writes.md, "Quarantine"): kept for good, released
+    # ones included, as the record of what an operator chose
+    @abc.abstractmethod
+    def load_quarantines(self) -> list[QuarantineRecord]:
+        """Every quarantine record, ordered by (table, quarantined_ms, txn_id)."""
+
+    @abc.abstractmethod
+    def put_quarantine(self, record: QuarantineRecord) -> None:
+        """Inserts the record, or replaces the one of the same (table, txn_id)."""

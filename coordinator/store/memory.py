@@ -22,7 +22,7 @@ from coordinator.store.base import (
     TxnQuery,
 )
 from percolake.errors import StoreConflict
-from percolake.records import PipelineRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 from percolake.states import COMMITTED_STATES
 
 
@@ -47,6 +47,7 @@ class MemoryStore(Store):
         self._writers: dict[str, TableWriter] = {}
         self._read_edges: dict[tuple[str, str], ReadEdge] = {}
         self._leases: dict[str, LeaseRecord] = {}
+        self._quarantines: dict[tuple[str, str], QuarantineRecord] = {}
         self._depth = 0
 
     @contextlib.contextmanager
@@ -396,3 +397,12 @@ class MemoryStore(Store):
                 return False
             self._read_edges[key] = edge
             return True
+
+    def load_quarantines(self) -> list[QuarantineRecord]:
+        with self._lock:
+            return [dataclasses.replace(q) for q in sorted(
+                self._quarantines.values(), key=lambda q: (q.table, q.quarantined_ms, q.txn_id))]
+
+    def put_quarantine(self, record: QuarantineRecord) -> None:
+        with self._lock:
+            self._quarantines[(record.table, record.txn_id)] = dataclasses.replace(record)

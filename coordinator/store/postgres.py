@@ -52,15 +52,18 @@ from coordinator.store.base import (
 )
 from coordinator.store.schema import (
     PIPELINE_COLUMNS,
+    QUARANTINE_COLUMNS,
     SELECT_TXN,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
     key_column,
     live_clauses,
     migrate_postgres,
+    quarantine_from_row,
+    quarantine_values,
 )
 from percolake.errors import NotLeader, StoreConflict, StoreUnavailable
-from percolake.records import PipelineRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 
 T = TypeVar("T")
 
@@ -697,3 +700,21 @@ class PostgresStore(Store):
             "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms, since_ts) "
             "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
             (edge.pipeline_id, edge.table, edge.registered_ms, edge.since_ts)) == 1
+
+    # ------------------------------------------------------------------ quarantines
+
+    def load_quarantines(self) -> list[QuarantineRecord]:
+        rows = self._read(f"SELECT {QUARANTINE_COLUMNS} FROM quarantines "
+                          "ORDER BY table_uri, quarantined_ms, txn_id", dicts=True)
+        return [quarantine_from_row(r) for r in rows]
+
+    def put_quarantine(self, record: QuarantineRecord) -> None:
+        self._write(f"INSERT INTO quarantines ({QUARANTINE_COLUMNS}) VALUES "
+                    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (table_uri, txn_id) DO UPDATE SET "
+                    "reason = excluded.reason, quarantined_ms = excluded.quarantined_ms, "
+                    "choice = excluded.choice, chosen_by = excluded.chosen_by, "
+                    "chosen_ms = excluded.chosen_ms, choice_reason = excluded.choice_reason, "
+                    "as_of_version = excluded.as_of_version, "
+                    "released_ms = excluded.released_ms, delta_version = excluded.delta_version",
+                    quarantine_values(record))

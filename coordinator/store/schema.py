@@ -7,8 +7,9 @@ ACL entries, the principal of each transaction), version 4 the lineage (each tab
 pipeline, the tables each pipeline reads), version 5 the input barriers (of transactions and
 snapshot-index rows), source offsets, the pipelines' input starts and remembered plans, and the
 snapshot leases, version 6 the snapshot-index rows a revision superseded and its restore rows,
-version 7 the timestamp from which each read edge counts (a lineage transition); SQLite's goes
-from 1 to 3 to 4 to 5 to 6 to 7. Two processes
+version 7 the timestamp from which each read edge counts (a lineage transition), version 8 the
+quarantined tables (docs/row-level-writes.md); SQLite's goes
+from 1 to 3 to 4 to 5 to 6 to 7 to 8. Two processes
 creating or migrating the same database at once take turns on an advisory lock.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from coordinator.store.base import StoreSchemaError
+from percolake.records import QuarantineRecord
 
 if TYPE_CHECKING:  # psycopg is loaded only by the PostgreSQL store
     import psycopg
@@ -196,6 +198,23 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
         # already wrote tables (a lineage transition, docs/topology.md); 0: from the start.
         "ALTER TABLE read_edges ADD COLUMN since_ts BIGINT NOT NULL DEFAULT 0",
     )),
+    Migration(8, (
+        # Tables quarantined because a committed row-level write could not be applied as it
+        # read them, and what an operator chose (docs/row-level-writes.md, "Quarantine").
+        """CREATE TABLE quarantines (
+            table_uri TEXT COLLATE "C" NOT NULL,
+            txn_id TEXT COLLATE "C" NOT NULL,
+            reason TEXT NOT NULL,
+            quarantined_ms BIGINT NOT NULL,
+            choice TEXT NOT NULL,
+            chosen_by TEXT NOT NULL,
+            chosen_ms BIGINT NOT NULL,
+            choice_reason TEXT NOT NULL,
+            as_of_version BIGINT NOT NULL,
+            released_ms BIGINT NOT NULL,
+            delta_version BIGINT NOT NULL,
+            PRIMARY KEY (table_uri, txn_id))""",
+    )),
 )
 
 # SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
@@ -262,6 +281,21 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, (
         "ALTER TABLE read_edges ADD COLUMN since_ts INTEGER NOT NULL DEFAULT 0",
     )),
+    Migration(8, (
+        """CREATE TABLE quarantines (
+            table_uri TEXT NOT NULL,
+            txn_id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            quarantined_ms INTEGER NOT NULL,
+            choice TEXT NOT NULL,
+            chosen_by TEXT NOT NULL,
+            chosen_ms INTEGER NOT NULL,
+            choice_reason TEXT NOT NULL,
+            as_of_version INTEGER NOT NULL,
+            released_ms INTEGER NOT NULL,
+            delta_version INTEGER NOT NULL,
+            PRIMARY KEY (table_uri, txn_id))""",
+    )),
 )
 
 
@@ -292,3 +326,19 @@ def migrate_postgres(conn: psycopg.Connection, where: str,
             conn.execute("INSERT INTO meta VALUES ('schema_version', %s) ON CONFLICT (key) "
                          "DO UPDATE SET value = excluded.value", (migration.version,))
     return max(found, known)
+
+
+QUARANTINE_COLUMNS = ("table_uri, txn_id, reason, quarantined_ms, choice, chosen_by, chosen_ms, "
+                      "choice_reason, as_of_version, released_ms, delta_version")
+
+
+def quarantine_values(record: QuarantineRecord) -> tuple:
+    """A quarantine record as the values of QUARANTINE_COLUMNS, in order."""
+    row = record.to_row()
+    return (row["table"], *(row[name] for name in QUARANTINE_COLUMNS.split(", ")[1:]))
+
+
+def quarantine_from_row(row: dict) -> QuarantineRecord:
+    values = dict(row)
+    values["table"] = values.pop("table_uri")
+    return QuarantineRecord.from_row(values)

@@ -10,6 +10,14 @@ SAVEPOINT of the open group transaction (its own rollback undoes only its writes
 The caller (the gRPC layer) calls ``flush()`` before every reply, so nothing is acknowledged
 before its fsync (I8). A failed group COMMIT stops the process: the coordinator's memory may
 already show writes that did not reach the disk, and a restart reloads the durable truth.
+
+The fsync leaves the connection's lock: a group-committing store runs synchronous=NORMAL (the
+COMMIT only writes the WAL) and ``flush()`` fsyncs the WAL file itself after the COMMIT, outside
+the lock, before any caller it covers returns; so other requests' batches go on while the disk
+syncs, instead of queueing behind it (and behind them the coordinator's lock). A checkpoint
+syncs the WAL before it copies it (SQLite's rule under NORMAL), so what a flush covered is
+never lost to a WAL restart. A single statement outside a batch is its own atomic step (SQLite
+rolls back a failed statement alone), so it needs no savepoint.
 """
 
 from __future__ import annotations
@@ -35,16 +43,19 @@ from coordinator.store.base import (
 )
 from coordinator.store.schema import (
     PIPELINE_COLUMNS,
+    QUARANTINE_COLUMNS,
     SELECT_TXN,
     SQLITE_MIGRATIONS,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
     key_column,
     live_clauses,
+    quarantine_from_row,
+    quarantine_values,
     refuse_newer,
 )
 from percolake.errors import StoreConflict
-from percolake.records import PipelineRecord, TxnRecord
+from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 
 SCHEMA_VERSION = SQLITE_MIGRATIONS[-1].version
 log = logging.getLogger("percolake.store")
@@ -121,6 +132,9 @@ class SqliteStore(Store):
         self._durable = 0  # batches durable so far
         self._flushing = False
         self._flushed = threading.Condition(threading.Lock())
+        self._wal_fd: int | None = None  # the WAL file, fsynced by flush() (group commit)
+        self._db_fd: int | None = None  # the database file, while there is no WAL file
+        self._folder_synced = False
         self.group_commits = 0  # COMMITs that made batches durable (for benchmarks)
         mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
@@ -142,6 +156,8 @@ class SqliteStore(Store):
                                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                                (max(found, SCHEMA_VERSION),))
         self._group_commit = group_commit
+        if group_commit:  # flush() fsyncs the WAL itself, outside the lock
+            self._conn.execute("PRAGMA synchronous=NORMAL")
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -200,6 +216,7 @@ class SqliteStore(Store):
             with self._lock:
                 upto = self._ended
                 self._commit_group_or_stop()
+            self._sync_wal_or_stop()  # outside the lock: new batches go on meanwhile
         finally:
             with self._flushed:
                 self._flushing = False
@@ -217,21 +234,71 @@ class SqliteStore(Store):
             raise
 
     def _commit_group(self) -> None:
-        """COMMITs the open group transaction (under the lock); fsync under synchronous=FULL."""
+        """COMMITs the open group transaction (under the lock): the WAL is written, and
+        durable once ``_sync_wal`` returns."""
         if self._in_group:
             self._conn.execute("COMMIT")
             self._in_group = False
             self.group_commits += 1
 
+    def _sync_wal_or_stop(self) -> None:
+        """fsyncs the WAL file: every COMMIT made before is on stable storage after it."""
+        try:
+            fd = self._wal()
+            if not self._folder_synced:  # once: the WAL file's own name is durable too
+                folder = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
+                self._folder_synced = True
+            os.fsync(fd)
+        except BaseException as exc:  # what was committed may not be durable: never go on
+            _fail_stop(self.path, exc)
+            raise
+
+    def _wal(self) -> int:
+        """The WAL file's descriptor, opened on first use; the database file's while there is
+        no WAL file."""
+        if self._wal_fd is not None:
+            return self._wal_fd
+        with self._lock:  # opened once, whoever syncs first
+            if self._wal_fd is None:
+                try:
+                    self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+                except FileNotFoundError:  # everything is in the database file
+                    if self._db_fd is None:
+                        self._db_fd = os.open(self.path, os.O_RDONLY)
+                    return self._db_fd
+            return self._wal_fd
+
     def close(self) -> None:
         with self._lock:
             if self._group_commit:
                 self._commit_group()
+                os.fsync(self._wal())
             self._conn.close()
+            for fd in (self._wal_fd, self._db_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._wal_fd = self._db_fd = None
 
     def _write(self, sql: str, params: tuple | dict) -> int:
+        with self._lock:
+            if self._group_commit and not self._depth:  # one statement: atomic by itself
+                if not self._in_group:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    self._in_group = True
+                count = self._conn.execute(sql, params).rowcount
+                self._ended += 1
+                return count
         with self.batch():
             return self._conn.execute(sql, params).rowcount
+
+    def _write_many(self, sql: str, rows: list[tuple]) -> int:
+        """One statement run for each row, in one step; the rows changed."""
+        with self.batch():
+            return self._conn.executemany(sql, rows).rowcount
 
     def _read(self, sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -252,6 +319,7 @@ class SqliteStore(Store):
                 # The mark is durable before any timestamp under it is handed out, whatever
                 # the group holds (committing other pending batches early is harmless).
                 self._commit_group_or_stop()
+                self._sync_wal_or_stop()
 
     def load_pipelines(self) -> list[PipelineRecord]:
         rows = self._read(f"SELECT {', '.join(PIPELINE_COLUMNS)} FROM pipelines")
@@ -361,6 +429,22 @@ class SqliteStore(Store):
             )
         except sqlite3.IntegrityError as exc:
             raise StoreConflict(f"table commit {commit} exists") from exc
+
+    def add_table_commits(self, commits: Sequence[TableCommit]) -> None:
+        try:
+            self._write_many(
+                f"INSERT INTO table_commits ({TABLE_COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(c.table, c.commit_ts, c.txn_id, c.delta_version, c.input_barrier,
+                  c.superseded_ts, int(c.restore)) for c in commits])
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"a table commit of {commits} exists") from exc
+
+    def set_table_commit_versions(self, versions: Sequence[tuple[str, int, int]]) -> None:
+        count = self._write_many(
+            "UPDATE table_commits SET delta_version = ? WHERE table_uri = ? AND commit_ts = ?",
+            [(version, table, commit_ts) for table, commit_ts, version in versions])
+        if count != len(versions):
+            raise StoreConflict(f"no table commit for some of {versions}")
 
     def set_table_commit_version(self, table: str, commit_ts: int, delta_version: int) -> None:
         count = self._write(
@@ -616,3 +700,12 @@ class SqliteStore(Store):
             "INSERT INTO read_edges (pipeline_id, table_uri, registered_ms, since_ts) "
             "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (edge.pipeline_id, edge.table, edge.registered_ms, edge.since_ts)) == 1
+
+    def load_quarantines(self) -> list[QuarantineRecord]:
+        rows = self._read(f"SELECT {QUARANTINE_COLUMNS} FROM quarantines "
+                          "ORDER BY table_uri, quarantined_ms, txn_id")
+        return [quarantine_from_row(dict(r)) for r in rows]
+
+    def put_quarantine(self, record: QuarantineRecord) -> None:
+        self._write(f"INSERT OR REPLACE INTO quarantines ({QUARANTINE_COLUMNS}) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", quarantine_values(record))

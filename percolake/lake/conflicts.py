@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 from percolake.errors import Conflict, FailedPrecondition
 from percolake.lake import storage
 from percolake.lake.delta_commit import TXN_ID_KEY, commit_file, commit_uri, files_of_version
 from percolake.lake.warehouse import is_object_store
-from percolake.records import TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
 MAX_NAMED = 3  # files named in one conflict message
 ROW_LEVEL_CONFLICT_MARK = "conflicts with its row-level write"  # the participant retries these
@@ -78,17 +79,40 @@ def describe_conflict(version: int, actions: list[dict] | None, read_version: in
     return None
 
 
-def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None) -> str | None:
+def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None,
+                        committed: bool = False) -> str | None:
     """The first conflicting commit since ``write.read_version`` (commits naming
-    ``own_txn_id`` in their commitInfo are this write's own and skipped), or None."""
+    ``own_txn_id`` in their commitInfo are this write's own and skipped), or None.
+
+    With ``committed`` (the apply after COMMITTED) the question is whether the write can still
+    be applied exactly: a rearrangement (every add and remove ``dataChange=false``, e.g. an
+    outside OPTIMIZE) that removes none of the files the write removes keeps the same rows
+    everywhere the write does not touch, so it does not stop the apply.
+    """
+    removed_by_write = {f.path for f in write.remove_files}
     for version, actions in log_entries_after(write.table, write.read_version):
         if own_txn_id is not None and actions is not None and any(
                 a.get("commitInfo", {}).get(TXN_ID_KEY) == own_txn_id for a in actions):
+            continue
+        if committed and actions is not None and _rearranges_only_elsewhere(
+                actions, removed_by_write):
             continue
         problem = describe_conflict(version, actions, write.read_version)
         if problem is not None:
             return problem
     return None
+
+
+def _rearranges_only_elsewhere(actions: list[dict], removed_by_write: set[str]) -> bool:
+    """A commit that only rearranges rows (no data change, no metadata or protocol change)
+    and removes none of ``removed_by_write``."""
+    if any("metaData" in a or "protocol" in a for a in actions):
+        return False
+    files = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    if any(f.get("dataChange", True) for f in files):
+        return False
+    return not any(unquote(a["remove"]["path"]) in removed_by_write
+                   for a in actions if "remove" in a)
 
 
 def check_row_level_write(write: TableWriteRecord) -> None:
@@ -113,12 +137,27 @@ def check_row_level_write(write: TableWriteRecord) -> None:
             f"{ROW_LEVEL_CONFLICT_MARK} (read at version {write.read_version}): {problem}. "
             "The attempt is aborted; the batch is retried from a fresh read")
     if write.remove_files:
-        held = {f.path for f in files_of_version(write.table, write.read_version).files}
+        held = {f.path: f for f in files_of_version(write.table, write.read_version).files}
         absent = [f.path for f in write.remove_files if f.path not in held]
         if absent:
             raise FailedPrecondition(
                 f"table {write.table}: the row-level write removes files that are not in the "
                 f"table at version {write.read_version}: {absent[:MAX_NAMED]}")
+        if not write.data_change:
+            _check_same_rows(write, [held[f.path] for f in write.remove_files])
+
+
+def _check_same_rows(write: TableWriteRecord, removed: list[AddFileRecord]) -> None:
+    """A write that only rearranges rows adds as many rows as the files it removes held
+    (when every file's statistics count them): a compaction never loses or doubles a row."""
+    if not all(f.stats for f in [*removed, *write.add_files]):
+        return
+    before = sum(f.row_count() for f in removed)
+    after = sum(f.row_count() for f in write.add_files)
+    if before != after:
+        raise FailedPrecondition(
+            f"table {write.table}: a write that only rearranges rows ({write.operation}) adds "
+            f"{after} rows in place of the {before} rows of the files it removes")
 
 
 def _entry_exists(table_uri: str, version: int) -> bool:

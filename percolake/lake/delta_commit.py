@@ -14,10 +14,12 @@ Their log entries are read through the object store (one GET each), never listed
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,16 +32,21 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from percolake.errors import FailedPrecondition, Unavailable
+from percolake.failpoints import fail_point
 from percolake.lake import storage
+from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
+    app_transaction_action,
     commit_info,
     metadata_action,
     now_ms,
+    operation_commit_info,
     put_entry,
     remove_action,
 )
 from percolake.lake.schema_evolution import merged_schema
+from percolake.lake.table_cache import DeltaTables
 from percolake.lake.table_features import (
     TableProtocol,
     partition_filters,
@@ -54,12 +61,18 @@ log = logging.getLogger("percolake.delta")
 
 TXN_ID_KEY = "percolake.txn_id"
 COMMIT_TS_KEY = "percolake.commit_ts"
+OPERATION_KEY = "percolake.operation"  # a row-level commit's operations, as the write names them
 MAX_ATTEMPTS = 20
 
 
 class CannotApplyAsRead(FailedPrecondition):
     """A committed row-level write whose table an outside writer changed after the version it
-    read (I12): it is never applied against other data (docs/row-level-writes.md)."""
+    read (I12): it is never applied against other data (docs/row-level-writes.md). ``problem``
+    names the conflicting commit."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class ApplyFailed(Unavailable, RuntimeError):
@@ -170,12 +183,15 @@ def _stats_values(values: object) -> dict[str, object]:
 
 
 def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int, txn_id: str,
-                      commit_ts: int, roots: Sequence[str] | None = None) -> int:
+                      commit_ts: int, roots: Sequence[str] | None = None,
+                      tables: DeltaTables | None = None) -> int:
     """Idempotently commits the prewritten add actions of ``write`` to its Delta table.
 
     ``roots``: the warehouse roots the table's log must lie below (real paths, checked now);
     with or without them, a symlink on the path to the table's ``_delta_log`` is refused. An
-    object-store table must be named canonically, below an object-store root.
+    object-store table must be named canonically, below an object-store root. ``tables``: the
+    caller's kept delta-rs tables (``table_cache``), advanced incrementally instead of loading
+    the log again; without it the table is loaded for each try.
 
     Returns:
         The Delta version that holds the write (the existing one if it was applied before).
@@ -196,13 +212,15 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
         custom_metadata={TXN_ID_KEY: txn_id, COMMIT_TS_KEY: str(commit_ts),
                          "userMetadata": json.dumps({TXN_ID_KEY: txn_id,
                                                      COMMIT_TS_KEY: str(commit_ts)}),
-                         **_row_level_commit_info(write)},
+                         **({OPERATION_KEY: write.operation}
+                            if write.mode == WriteMode.ROW_LEVEL else {})},
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, app_version, int(time.time() * 1000))],
     )
     schema = Schema.from_json(write.schema_json)
     for attempt in range(MAX_ATTEMPTS):
-        table = open_table(write.table)
+        table = open_table(write.table) if tables is None else tables.take(write.table,
+                                                                           open_table)
         try:
             if table is None:
                 create_table_with_add_actions(
@@ -219,6 +237,20 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 raise _apply_refused(write.table, txn_id, refused)
             if write.mode == WriteMode.ROW_LEVEL:
                 _refuse_changed_since_read(write, txn_id)
+                entry = row_level_entry(write, layout, properties)
+                evolved = evolved_schema(table, write)
+                if evolved is not None:  # MERGE withSchemaEvolution: columns and data at once
+                    entry.insert(2, metadata_action(table.metadata(), evolved))
+                fail_point("before-row-level-entry", app_version)
+                if put_entry(write.table, table.version() + 1, entry):
+                    fail_point("after-row-level-entry", app_version)
+                    table.update_incremental()
+                    _checkpoint_if_due(table, write.table)
+                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                log.info("concurrent Delta commit; re-checking", extra={
+                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
             mode, actions, filters = _write_actions(table, write, layout)
             evolved = evolved_schema(table, write)
             if evolved is not None:  # data and new schema in one commit: a log entry of ours
@@ -251,8 +283,25 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             if not options:
                 raise
             raise storage.storage_error(exc, write.table, "commit to") from None
+        finally:  # kept for the next apply, unless this try raised (its state is unknown)
+            if tables is not None and table is not None and sys.exc_info()[1] is None:
+                tables.keep(write.table, table)
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
+
+
+def _checkpoint_if_due(table: DeltaTable, table_uri: str) -> None:
+    """What delta-rs's post-commit hook does after its own commits: a checkpoint at every
+    ``delta.checkpointInterval``-th version (100 by default). Only an optimisation of later
+    reads: a failure is logged, never raised (the write is committed and applied)."""
+    interval = int(table.metadata().configuration.get("delta.checkpointInterval") or 100)
+    if interval <= 0 or table.version() % interval:
+        return
+    try:
+        table.create_checkpoint()
+    except (DeltaError, OSError) as exc:
+        log.warning("could not write the Delta checkpoint", extra={
+            "table": table_uri, "version": table.version(), "error": str(exc)})
 
 
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
@@ -284,7 +333,7 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     app = properties.app_transactions[0]
     entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
                          list(write.partition_by), properties.custom_metadata or {}, now),
-             {"txn": {"appId": app.app_id, "version": app.version, "lastUpdated": now}},
+             app_transaction_action(app.app_id, app.version, now),
              metadata_action(table.metadata(), schema_json)]
     by_path = {f.path: f for f in write.add_files}
     for action in actions:
@@ -296,19 +345,40 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     return entry
 
 
-def _row_level_commit_info(write: TableWriteRecord) -> dict[str, object]:
-    """commitInfo fields of a row-level write: delta-rs names every commit of pre-written files
-    ``WRITE`` (it refuses another ``operation``), so the operations go in
-    ``operationParameters`` and a top-level ``percolake.operation``, beside Delta's metrics."""
-    if write.mode != WriteMode.ROW_LEVEL:
-        return {}
-    info: dict[str, object] = {
-        "percolake.operation": write.operation,
-        "operationParameters": {"percolake.operation": write.operation,
-                                "readVersion": str(write.read_version)}}
-    if write.operation_metrics:
-        info["operationMetrics"] = json.loads(write.operation_metrics)
-    return info
+def row_level_entry(write: TableWriteRecord, layout: TableLayout,
+                    properties: CommitProperties) -> list[dict]:
+    """The log entry of a ROW_LEVEL write, as delta-spark's own operation writes it: its
+    ``operation`` (MERGE, UPDATE, DELETE, OPTIMIZE; several operations of one batch are one
+    commit named by them all, comma-separated in call order), ``operationParameters`` and
+    ``operationMetrics``, ``readVersion``; adds and removes with ``dataChange`` false when the
+    write only rearranges rows; each remove of a file that carries a deletion vector with that
+    vector (read from the log at the read version: nothing changed since, the caller checked).
+    The percolake tags and the app transaction make it the transaction's idempotent commit."""
+    now = now_ms()
+    app = properties.app_transactions[0]
+    metrics = json.loads(write.operation_metrics) if write.operation_metrics else {}
+    parameters = json.loads(write.operation_parameters) if write.operation_parameters else {}
+    physical = physical_names(layout.schema_json) \
+        if layout.protocol.column_mapping != "none" else {}
+    vectors = deletion_vectors(write.table, write.read_version,
+                               [f.path for f in write.remove_files]) \
+        if write.remove_files and layout.protocol.has("deletionVectors") else {}
+    info = operation_commit_info(
+        write.operation, parameters, properties.custom_metadata or {}, now,
+        readVersion=write.read_version,
+        isolationLevel="Serializable" if write.data_change else "SnapshotIsolation",
+        isBlindAppend=False, operationMetrics=metrics)
+    entry = [info, app_transaction_action(app.app_id, app.version, now)]
+    for add in write.add_files:
+        values = {physical.get(k, k): v for k, v in add.partition_values.items()}
+        entry.append(add_action(dataclasses.replace(add, partition_values=values),
+                                data_change=write.data_change))
+    for remove in write.remove_files:
+        values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
+        entry.append(remove_action(remove.path, remove.size, values, now,
+                                   data_change=write.data_change,
+                                   deletion_vector=vectors.get(remove.path)))
+    return entry
 
 
 def _refuse_changed_since_read(write: TableWriteRecord, txn_id: str) -> None:
@@ -316,12 +386,13 @@ def _refuse_changed_since_read(write: TableWriteRecord, txn_id: str) -> None:
     (apart from this transaction's own commit, which the caller already looked for)."""
     from percolake.lake.conflicts import conflict_since_read  # it reads with this module
 
-    problem = conflict_since_read(write, own_txn_id=txn_id)
+    problem = conflict_since_read(write, own_txn_id=txn_id, committed=True)
     if problem is not None:
         raise CannotApplyAsRead(
             f"table {write.table}: transaction {txn_id} is committed but its row-level write "
             f"cannot be applied as read (at version {write.read_version}): {problem}. It is "
-            "not applied against other data; see docs/row-level-writes.md (recovery)")
+            "not applied against other data; see docs/row-level-writes.md (Quarantine)",
+            problem=f"read at version {write.read_version}: {problem}")
 
 
 def _lost_a_race(exc: Exception) -> bool:
@@ -356,10 +427,6 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord,
     adds = _adds(write, physical)
     if write.mode == WriteMode.APPEND:
         return "append", adds, None
-    if write.mode == WriteMode.ROW_LEVEL:
-        now = int(time.time() * 1000)
-        return "append", adds + [RemoveAction(f.path, True, now, f.size, dict(f.partition_values))
-                                 for f in write.remove_files], None
     listed = {f.path for f in write.add_files}
     removes, held = _removes(table, write, keep=listed, physical=physical)
     if layout.protocol.has("deletionVectors") and not listed & held:
@@ -462,10 +529,10 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
 
     Not ``DeltaTable.history()``: it numbers entries from the version the object loaded, so a
     commit landing meanwhile shifts every number. The table stays held until this write is
-    reported applied, so the write is nearly always among the newest commits: read backwards.
-    An object-store table's entries are read one GET each from the loaded version down (no
-    listing of the whole log); a missing entry ends the search (log cleanup removes the
-    oldest first).
+    reported applied, so the write is nearly always among the newest commits: read backwards,
+    one entry at a time from the loaded version down (one GET each on an object store; never a
+    listing of the whole log, whose length grows with the table's age); a missing entry ends
+    the search (log cleanup removes the oldest first).
     """
     if table_uri is not None and is_object_store(table_uri):
         for version in range(table.version(), -1, -1):
@@ -475,23 +542,16 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
             if _names_txn(entry.decode().splitlines(), txn_id):
                 return version
     else:
-        log_dir = commit_file(table.table_uri, 0).parent
-        versions = sorted((int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()),
-                          reverse=True)
-        for version in versions:
-            if _commit_names_txn(commit_file(table.table_uri, version), txn_id):
+        for version in range(table.version(), -1, -1):
+            try:
+                lines = commit_file(table.table_uri, version).read_text().splitlines()
+            except FileNotFoundError:  # cleaned up by log retention: older than ours
+                break
+            if _names_txn(lines, txn_id):
                 return version
     raise AssertionError(
         f"{table_uri or table.table_uri} records app transaction {app_id} >= {app_version} but "
         f"no commit of transaction {txn_id}: written by something other than percolake?")
-
-
-def _commit_names_txn(commit_file: Path, txn_id: str) -> bool:
-    try:
-        lines = commit_file.read_text().splitlines()
-    except FileNotFoundError:  # cleaned up by log retention: older than anything we look for
-        return False
-    return _names_txn(lines, txn_id)
 
 
 def _names_txn(lines: list[str], txn_id: str) -> bool:

@@ -1,6 +1,9 @@
 """A Delta commit written as its log entry, for the commits delta-rs cannot make: data files
-together with a ``metaData`` action (schema evolution). delta-rs's ``create_write_transaction``
-changes the metadata only in overwrite mode, where it also removes files of its own choosing.
+together with a ``metaData`` action (schema evolution; delta-rs's ``create_write_transaction``
+changes the metadata only in overwrite mode, where it also removes files of its own choosing),
+and row-level writes (delta-rs names every commit of pre-written files ``WRITE``, writes
+``dataChange=true`` and cannot put a deletion vector on a remove), which must read in
+``DESCRIBE HISTORY`` as delta-spark's own MERGE, UPDATE, DELETE or OPTIMIZE.
 
 The entry is the next version's ``_delta_log/<version>.json``, written only if absent, as every
 Delta writer commits: a local file is linked into place (fails if the name exists), an object
@@ -32,17 +35,28 @@ def log_path(path: str) -> str:
     return quote(path, safe=_PATH_SAFE)
 
 
-def add_action(add: AddFileRecord) -> dict[str, Any]:
+def add_action(add: AddFileRecord, *, data_change: bool = True) -> dict[str, Any]:
     return {"add": {"path": log_path(add.path), "partitionValues": dict(add.partition_values),
                     "size": add.size, "modificationTime": add.modification_time,
-                    "dataChange": True, "stats": add.stats or "{}"}}
+                    "dataChange": data_change, "stats": add.stats or "{}"}}
 
 
 def remove_action(path: str, size: int, partition_values: Mapping[str, str | None],
-                  now_ms: int) -> dict[str, Any]:
-    return {"remove": {"path": log_path(path), "dataChange": True, "deletionTimestamp": now_ms,
-                       "extendedFileMetadata": True, "partitionValues": dict(partition_values),
-                       "size": size}}
+                  now_ms: int, *, data_change: bool = True,
+                  deletion_vector: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A remove; a file that carries a deletion vector is only removed by a remove carrying
+    the same descriptor (Delta keys a logical file by its path and deletion vector)."""
+    remove: dict[str, Any] = {
+        "path": log_path(path), "dataChange": data_change, "deletionTimestamp": now_ms,
+        "extendedFileMetadata": True, "partitionValues": dict(partition_values), "size": size}
+    if deletion_vector:
+        remove["deletionVector"] = dict(deletion_vector)
+    return {"remove": remove}
+
+
+def app_transaction_action(app_id: str, version: int, now_ms: int) -> dict[str, Any]:
+    """The ``txn`` action that makes a replay of the commit find it already applied."""
+    return {"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}}
 
 
 def metadata_action(metadata: Any, schema_json: str) -> dict[str, Any]:
@@ -61,10 +75,20 @@ def metadata_action(metadata: Any, schema_json: str) -> dict[str, Any]:
 
 def commit_info(mode: str, partition_by: list[str], tags: Mapping[str, object],
                 now_ms: int) -> dict[str, Any]:
-    """The entry's ``commitInfo``: ``tags`` at its top level, as delta-rs's custom metadata."""
-    return {"commitInfo": {"timestamp": now_ms, "operation": "WRITE",
-                           "operationParameters": {"mode": mode,
-                                                   "partitionBy": json.dumps(partition_by)},
+    """The ``commitInfo`` of a write: ``tags`` at its top level, as delta-rs's custom
+    metadata."""
+    return operation_commit_info("WRITE", {"mode": mode, "partitionBy": json.dumps(partition_by)},
+                                 tags, now_ms)
+
+
+def operation_commit_info(operation: str, parameters: Mapping[str, str],
+                          tags: Mapping[str, object], now_ms: int,
+                          **fields: object) -> dict[str, Any]:
+    """The ``commitInfo`` of ``operation`` (what ``DESCRIBE HISTORY`` shows): its
+    ``operationParameters``, Delta's other commitInfo ``fields`` (``readVersion``,
+    ``operationMetrics``, ...) and ``tags`` (percolake's) at its top level."""
+    return {"commitInfo": {"timestamp": now_ms, "operation": operation,
+                           "operationParameters": dict(parameters), **fields,
                            "engineInfo": ENGINE, **tags}}
 
 

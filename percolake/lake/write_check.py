@@ -27,19 +27,22 @@ Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
 
 Object-store tables are checked the same way through ``percolake.lake.storage``: files by one
-listing of each attempt folder (sizes from the listing, nothing downloaded), log entries by
-GET. A store that cannot be read refuses the commit (StorageUnavailable, UNAVAILABLE: retry;
-StorageRefused, FAILED_PRECONDITION: bucket missing, access denied), never guesses.
+listing of each attempt folder (sizes from the listing, nothing downloaded), started beside
+the reads of the log entries (one GET each, all of one check at once): one round trip per
+check in the steady state. A store that cannot be read refuses the commit (StorageUnavailable,
+UNAVAILABLE: retry; StorageRefused, FAILED_PRECONDITION: bucket missing, access denied),
+never guesses.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
+import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from deltalake import Schema
@@ -52,11 +55,11 @@ from percolake.lake.conflicts import check_row_level_write
 from percolake.lake.delta_commit import (
     TableLayout,
     commit_file,
-    commit_uri,
     describe_schema_mismatch,
     table_layout,
 )
 from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
+from percolake.lake.table_cache import FileId, LogEntries
 from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
@@ -64,114 +67,80 @@ from percolake.lake.warehouse import (
     is_object_store,
     local_path,
 )
+from percolake.parallel import leaf_submit
 from percolake.records import TableWriteRecord, WriteMode
 
 MAX_NAMED = 5  # files named in one refusal
 MAX_REMEMBERED = 100_000  # partition value verdicts kept
 MAX_SCHEMAS = 1024  # parsed schemas kept
-
-_FileId = tuple  # local: (inode, mtime ns, size); object store: (size, content hash)
-
+LOCATION_CACHE_S = 1.0  # a table location that passed its check is not checked again so soon
+READ_AHEAD = 2  # object-store commit files read past a cached layout's in the same round trip
 
 class LayoutCache:
     """Each table's layout, loaded with delta-rs (tens of ms) only when its log may change it.
 
     A layout is kept with the version it is valid at and the identity of that version's commit
-    file. A lookup reads the commit files after it (usually just the previous batch's own) and
-    moves the version on; only a ``metaData`` or ``protocol`` action, an unreadable commit
-    file, or the cached one replaced (table re-created) or gone (log cleanup) loads the log
-    again. Safe to share
-    between threads: a race at worst loads twice. On an object store a commit file's identity
-    is its size and content hash (read with one GET; objects have no inode).
+    file. A lookup reads the commit files after it (usually just the previous batch's own, which
+    the report of that batch already summarised: ``table_cache.LogEntries``) and moves the
+    version on; only a ``metaData`` or ``protocol`` action, an unreadable commit file, or the
+    cached one replaced (table re-created) or gone (log cleanup) loads the log again. Every
+    commit after the cached version is looked at, whoever wrote it. Safe to share between
+    threads: a race at worst loads twice. On an object store a commit file's identity is its
+    size and content hash (read with one GET; objects have no inode).
     """
 
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[TableLayout, _FileId]] = {}
+    def __init__(self, entries: LogEntries | None = None) -> None:
+        self.entries = entries or LogEntries()
+        self._entries: dict[str, tuple[TableLayout, FileId]] = {}
 
     def get(self, table: str) -> TableLayout | None:
         """The table's current layout, None if it does not exist."""
         entry = self._entries.get(table)
         if entry is not None:
-            current = _advance(table, *entry)
+            current = self._advance(table, *entry)
             if current is not None:
                 self._entries[table] = current
                 return current[0]
         elif not _log_exists(table):
             return None
         layout = table_layout(table)
-        file_id = _commit_id(table, layout.version) if layout else None
+        file_id = self.entries.file_id(table, layout.version) if layout else None
         if layout is None or file_id is None:
             self._entries.pop(table, None)
         else:
             self._entries[table] = (layout, file_id)
         return layout
 
+    def _advance(self, table: str, layout: TableLayout, file_id: FileId
+                 ) -> tuple[TableLayout, FileId] | None:
+        """The cached layout moved to the newest version, None if the log must be loaded
+        again. One stat per commit file looked at; on an object store one GET each, the
+        cached version's and the next ``READ_AHEAD`` at once (one round trip when fewer
+        commits came since: usually one, the previous batch's own)."""
+        ahead = READ_AHEAD if is_object_store(table) else 1  # a stat each is cheap locally
+        try:
+            version = layout.version
+            base, *found = self.entries.entries(table, range(version, version + 1 + ahead))
+            if base is None or base.file_id != file_id:
+                return None
+            while True:
+                for entry in found:
+                    if entry is None:
+                        return layout._replace(version=version), file_id
+                    if entry.changes_layout or not entry.readable:
+                        return None
+                    version, file_id = version + 1, entry.file_id
+                found = self.entries.entries(table, range(version + 1, version + 1 + ahead))
+        except OSError:
+            if is_object_store(table):
+                raise
+            return None  # a local entry that cannot be read: load the log with delta-rs
+
 
 def _log_exists(table: str) -> bool:
     if is_object_store(table):
         return storage.prefix_exists(f"{table}/_delta_log")
     return commit_file(table, 0).parent.is_dir()
-
-
-def _commit_id(table: str, version: int) -> _FileId | None:
-    if is_object_store(table):
-        entry = storage.read_object(commit_uri(table, version))
-        return None if entry is None else _object_id(entry)
-    return _file_id(commit_file(table, version))
-
-
-def _object_id(entry: bytes) -> _FileId:
-    return len(entry), hashlib.sha256(entry).hexdigest()
-
-
-def _advance_object(table: str, layout: TableLayout, file_id: _FileId
-                    ) -> tuple[TableLayout, _FileId] | None:
-    """``_advance`` for an object-store table: one GET per commit file looked at."""
-    if _commit_id(table, layout.version) != file_id:
-        return None
-    version = layout.version
-    while True:
-        entry = storage.read_object(commit_uri(table, version + 1))
-        if entry is None:
-            return layout._replace(version=version), file_id
-        if _changes_layout(entry):
-            return None
-        version, file_id = version + 1, _object_id(entry)
-
-
-def _advance(table: str, layout: TableLayout, file_id: _FileId
-             ) -> tuple[TableLayout, _FileId] | None:
-    """The cached layout moved to the newest version, None if the log must be loaded again."""
-    if is_object_store(table):
-        return _advance_object(table, layout, file_id)
-    log = f"{local_path(table)}/_delta_log"
-    if _file_id(f"{log}/{layout.version:020d}.json") != file_id:
-        return None
-    version = layout.version
-    while True:
-        try:
-            with open(f"{log}/{version + 1:020d}.json", "rb") as commit:
-                info = os.fstat(commit.fileno())
-                if _changes_layout(commit.read()):
-                    return None
-        except FileNotFoundError:
-            return layout._replace(version=version), file_id
-        except OSError:
-            return None
-        version, file_id = version + 1, (info.st_ino, info.st_mtime_ns, info.st_size)
-
-
-def _changes_layout(entry: bytes) -> bool:
-    """Whether a log entry may change a layout: new metadata or a new protocol (features)."""
-    return b'"metaData"' in entry or b'"protocol"' in entry
-
-
-def _file_id(path: str | os.PathLike[str]) -> _FileId | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 def parse_schema(table: str, schema_json: str) -> Schema:
@@ -205,6 +174,8 @@ class WriteChecker:
         """``roots``: the warehouse roots the apply will check the table's log against."""
         self.layouts = layouts or LayoutCache()
         self.roots = roots
+        # table -> monotonic time until which its location passed check_table_location
+        self._locations: dict[str, float] = {}
         self._parsed: set[tuple[str, str]] = set()  # (Delta type, value) the kernel parses
         # schema_json -> (delta-rs's JSON of it, its fields by name): a pure function of the
         # text, and a stream sends the same schema every batch (refusals are not kept)
@@ -224,7 +195,8 @@ class WriteChecker:
         table = write.table
         schema, fields = self._schema(table, write.schema_json)
         _check_form(write, fields)
-        check_table_location(table, self.roots)  # the apply refuses what this refuses (I10)
+        self._check_location(table)  # the apply refuses what this refuses (I10)
+        listings = _start_listings(write)  # on an object store, beside the layout's reads
         try:
             layout = self.layouts.get(table)
         except DeltaError as exc:
@@ -255,9 +227,23 @@ class WriteChecker:
                                          f"{write.mode.value} write cannot remove its files")
         elif write.mode == WriteMode.ROW_LEVEL:
             raise FailedPrecondition(f"table {table}: a row-level write needs an existing table")
-        _check_files(write)
+        _check_files(write, listings)
         self._check_partition_values(write, fields)
         check_row_level_write(write)  # I12: after the layout, so a schema change names itself
+
+    def _check_location(self, table: str) -> None:
+        """``check_table_location``, its pass remembered for LOCATION_CACHE_S: following a
+        path's symlinks costs a system call per component and the roots' and the table's
+        path rarely change. It is the policy of the coordinator's own name resolution
+        (``RESOLVE_CACHE_S``): a symlink planted under a root takes effect within that time,
+        and the apply checks again before it writes (refusals are never remembered)."""
+        now = time.monotonic()
+        if self._locations.get(table, 0.0) > now:
+            return
+        check_table_location(table, self.roots)
+        if len(self._locations) >= MAX_SCHEMAS:
+            self._locations.clear()
+        self._locations[table] = now + LOCATION_CACHE_S
 
     def _schema(self, table: str, schema_json: str) -> tuple[str, dict[str, dict[str, Any]]]:
         """The write's schema as delta-rs writes it, and its fields by name (read-only)."""
@@ -363,10 +349,11 @@ def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> N
                                   "'..' segment or a NUL character")
 
 
-def _check_files(write: TableWriteRecord) -> None:
+def _check_files(write: TableWriteRecord,
+                 listings: dict[str, Future[dict[str, tuple[int, int | None]]]]) -> None:
     """Every added file exists at ``<table>/<add.path>`` with the stated size (one stat each)."""
     if is_object_store(write.table):
-        _check_objects(write)
+        _check_objects(write, listings)
         return
     root = local_path(write.table)
     missing: list[str] = []
@@ -384,20 +371,30 @@ def _check_files(write: TableWriteRecord) -> None:
     _refuse_files(write, missing, wrong)
 
 
-def _check_objects(write: TableWriteRecord) -> None:
-    """``_check_files`` on an object store: one recursive listing per attempt folder the add
-    paths name (``_percolake/<txn_id>/``, one per write), sizes compared from the listing; a
-    path elsewhere (the coordinator refuses those before) costs one HEAD."""
-    sizes: dict[str, int] = {}
+def _start_listings(write: TableWriteRecord
+                    ) -> dict[str, Future[dict[str, tuple[int, int | None]]]]:
+    """On an object store, the listings ``_check_objects`` needs, started now: one recursive
+    listing per attempt folder the add paths name (``_percolake/<txn_id>/``, one per write)."""
+    if not is_object_store(write.table):
+        return {}
     folders = {"/".join(add.path.split("/")[:2]) for add in write.add_files
                if add.path.startswith(f"{ATTEMPT_DIR}/") and add.path.count("/") >= 2}
-    for folder in sorted(folders):
-        listed = storage.list_files(f"{write.table}/{folder}")
-        sizes.update({f"{folder}/{path}": size for path, (size, _) in listed.items()})
+    return {folder: leaf_submit(storage.list_files, f"{write.table}/{folder}")
+            for folder in sorted(folders)}
+
+
+def _check_objects(write: TableWriteRecord,
+                   listings: dict[str, Future[dict[str, tuple[int, int | None]]]]) -> None:
+    """``_check_files`` on an object store: sizes compared from the listings of the attempt
+    folders (``_start_listings``); a path elsewhere (the coordinator refuses those before)
+    costs one HEAD."""
+    sizes: dict[str, int] = {}
+    for folder, listing in listings.items():
+        sizes.update({f"{folder}/{path}": size for path, (size, _) in listing.result().items()})
     missing: list[str] = []
     wrong: list[str] = []
     for add in write.add_files:
-        listed_folder = "/".join(add.path.split("/")[:2]) in folders
+        listed_folder = "/".join(add.path.split("/")[:2]) in listings
         size = sizes.get(add.path) if listed_folder else storage.object_size(
             f"{write.table}/{add.path}")
         if size is None:

@@ -50,6 +50,12 @@ class EdgeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EDGE_KIND_UNSPECIFIED: _ClassVar[EdgeKind]
     EDGE_READS: _ClassVar[EdgeKind]
     EDGE_WRITES: _ClassVar[EdgeKind]
+
+class QuarantineChoice(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUARANTINE_CHOICE_UNSPECIFIED: _ClassVar[QuarantineChoice]
+    QUARANTINE_REAPPLY: _ClassVar[QuarantineChoice]
+    QUARANTINE_ABANDON: _ClassVar[QuarantineChoice]
 TRANSACTION_STATE_UNSPECIFIED: TransactionState
 OPEN: TransactionState
 PREWRITTEN: TransactionState
@@ -76,6 +82,9 @@ TABLE: ResourceType
 EDGE_KIND_UNSPECIFIED: EdgeKind
 EDGE_READS: EdgeKind
 EDGE_WRITES: EdgeKind
+QUARANTINE_CHOICE_UNSPECIFIED: QuarantineChoice
+QUARANTINE_REAPPLY: QuarantineChoice
+QUARANTINE_ABANDON: QuarantineChoice
 
 class AddFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns", "modification_time", "stats")
@@ -101,7 +110,7 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +124,7 @@ class TableWrite(_message.Message):
     OPERATION_FIELD_NUMBER: _ClassVar[int]
     OPERATION_METRICS_FIELD_NUMBER: _ClassVar[int]
     REARRANGES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
@@ -128,7 +138,8 @@ class TableWrite(_message.Message):
     operation: str
     operation_metrics: str
     rearranges_only: bool
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ...) -> None: ...
+    operation_parameters: str
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ...) -> None: ...
 
 class RemoveFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns")
@@ -165,7 +176,7 @@ class PartitionSpec(_message.Message):
     def __init__(self, values: _Optional[_Mapping[str, str]] = ..., null_columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TableParticipant(_message.Message):
-    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write", "catalog_name")
+    __slots__ = ("table", "write_location", "prewritten", "mode", "file_count", "row_count", "applied", "delta_version", "write", "catalog_name", "abandoned")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     WRITE_LOCATION_FIELD_NUMBER: _ClassVar[int]
     PREWRITTEN_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +187,7 @@ class TableParticipant(_message.Message):
     DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     CATALOG_NAME_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
     table: str
     write_location: str
     prewritten: bool
@@ -186,7 +198,8 @@ class TableParticipant(_message.Message):
     delta_version: int
     write: TableWrite
     catalog_name: str
-    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ..., catalog_name: _Optional[str] = ...) -> None: ...
+    abandoned: bool
+    def __init__(self, table: _Optional[str] = ..., write_location: _Optional[str] = ..., prewritten: _Optional[bool] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., file_count: _Optional[int] = ..., row_count: _Optional[int] = ..., applied: _Optional[bool] = ..., delta_version: _Optional[int] = ..., write: _Optional[_Union[TableWrite, _Mapping]] = ..., catalog_name: _Optional[str] = ..., abandoned: _Optional[bool] = ...) -> None: ...
 
 class Transaction(_message.Message):
     __slots__ = ("txn_id", "pipeline_id", "generation", "batch_id", "attempt", "state", "start_ts", "commit_ts", "participants", "epoch", "abort_reason", "created_unix_ms", "updated_unix_ms", "query_id", "principal", "waiting_for_table", "input_barrier", "source_offsets")
@@ -891,6 +904,58 @@ class VacuumResponse(_message.Message):
     oldest_needed_version: int
     kept_for: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, canonical_table: _Optional[str] = ..., removed_files: _Optional[_Iterable[str]] = ..., oldest_needed_version: _Optional[int] = ..., kept_for: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TableQuarantine(_message.Message):
+    __slots__ = ("table", "txn_id", "reason", "quarantined_unix_ms", "choice", "chosen_by", "chosen_unix_ms", "choice_reason", "as_of_version", "released_unix_ms", "delta_version")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_BY_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_REASON_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    txn_id: str
+    reason: str
+    quarantined_unix_ms: int
+    choice: QuarantineChoice
+    chosen_by: str
+    chosen_unix_ms: int
+    choice_reason: str
+    as_of_version: int
+    released_unix_ms: int
+    delta_version: int
+    def __init__(self, table: _Optional[str] = ..., txn_id: _Optional[str] = ..., reason: _Optional[str] = ..., quarantined_unix_ms: _Optional[int] = ..., choice: _Optional[_Union[QuarantineChoice, str]] = ..., chosen_by: _Optional[str] = ..., chosen_unix_ms: _Optional[int] = ..., choice_reason: _Optional[str] = ..., as_of_version: _Optional[int] = ..., released_unix_ms: _Optional[int] = ..., delta_version: _Optional[int] = ...) -> None: ...
+
+class ListQuarantinesRequest(_message.Message):
+    __slots__ = ("pipeline_id", "include_released")
+    PIPELINE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    pipeline_id: str
+    include_released: bool
+    def __init__(self, pipeline_id: _Optional[str] = ..., include_released: _Optional[bool] = ...) -> None: ...
+
+class ListQuarantinesResponse(_message.Message):
+    __slots__ = ("quarantines",)
+    QUARANTINES_FIELD_NUMBER: _ClassVar[int]
+    quarantines: _containers.RepeatedCompositeFieldContainer[TableQuarantine]
+    def __init__(self, quarantines: _Optional[_Iterable[_Union[TableQuarantine, _Mapping]]] = ...) -> None: ...
+
+class ReleaseQuarantineRequest(_message.Message):
+    __slots__ = ("table", "txn_id", "choice", "reason")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    txn_id: str
+    choice: QuarantineChoice
+    reason: str
+    def __init__(self, table: _Optional[str] = ..., txn_id: _Optional[str] = ..., choice: _Optional[_Union[QuarantineChoice, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReviseRequest(_message.Message):
     __slots__ = ("table", "to_barrier", "reason")

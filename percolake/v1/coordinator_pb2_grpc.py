@@ -144,6 +144,16 @@ class CoordinatorStub:
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.ReviseRequest.SerializeToString,
                 response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReviseResponse.FromString,
                 _registered_method=True)
+        self.ListQuarantines = channel.unary_unary(
+                '/percolake.v1.Coordinator/ListQuarantines',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ListQuarantinesRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListQuarantinesResponse.FromString,
+                _registered_method=True)
+        self.ReleaseQuarantine = channel.unary_unary(
+                '/percolake.v1.Coordinator/ReleaseQuarantine',
+                request_serializer=percolake_dot_v1_dot_coordinator__pb2.ReleaseQuarantineRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_coordinator__pb2.TableQuarantine.FromString,
+                _registered_method=True)
         self.AddAcl = channel.unary_unary(
                 '/percolake.v1.Coordinator/AddAcl',
                 request_serializer=percolake_dot_v1_dot_coordinator__pb2.AclRequest.SerializeToString,
@@ -338,6 +348,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQuarantines(self, request, context):
+        """Tables quarantined because a committed row-level write could not be applied as it read
+        them (docs/row-level-writes.md, Quarantine), and the operator's choice that releases one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseQuarantine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddAcl(self, request, context):
         """Administration (docs/security.md): each needs ADMIN on every pipeline ('*') when the
         coordinator authenticates callers. Changes are durable and take effect at once.
@@ -489,6 +513,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Revise,
                     request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReviseRequest.FromString,
                     response_serializer=percolake_dot_v1_dot_coordinator__pb2.ReviseResponse.SerializeToString,
+            ),
+            'ListQuarantines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuarantines,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ListQuarantinesRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.ListQuarantinesResponse.SerializeToString,
+            ),
+            'ReleaseQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseQuarantine,
+                    request_deserializer=percolake_dot_v1_dot_coordinator__pb2.ReleaseQuarantineRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_coordinator__pb2.TableQuarantine.SerializeToString,
             ),
             'AddAcl': grpc.unary_unary_rpc_method_handler(
                     servicer.AddAcl,
@@ -1115,6 +1149,60 @@ class Coordinator:
             '/percolake.v1.Coordinator/Revise',
             percolake_dot_v1_dot_coordinator__pb2.ReviseRequest.SerializeToString,
             percolake_dot_v1_dot_coordinator__pb2.ReviseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuarantines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ListQuarantines',
+            percolake_dot_v1_dot_coordinator__pb2.ListQuarantinesRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.ListQuarantinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.Coordinator/ReleaseQuarantine',
+            percolake_dot_v1_dot_coordinator__pb2.ReleaseQuarantineRequest.SerializeToString,
+            percolake_dot_v1_dot_coordinator__pb2.TableQuarantine.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,9 @@ Each call of the user's function is an event, so a test sees whether a replay re
 of the environment), and ``--master`` a standalone cluster's ``spark://127.0.0.1:PORT`` (with
 ``--spark-conf`` its application settings, JSON): the session is then ``local_spark``'s, with
 delta-spark and, for an object-store lake, Hadoop's S3 connector. Without either the session is
-the light local one of the fast crash tests.
+the light local one of the fast crash tests. ``--row-level`` adds the MERGE and DELETE tables of
+``row_level_job.py`` (a session with delta-spark), ``--final-read PATH`` has a driver that
+finished every batch read every table's latest version with delta-spark into PATH.
 """
 
 from __future__ import annotations
@@ -77,18 +79,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="a standalone cluster's master URL (default: local)")
     parser.add_argument("--spark-conf", default="{}",
                         help="JSON of extra Spark settings (with --master or an s3:// lake)")
+    parser.add_argument("--row-level", action="store_true",
+                        help="also MERGE accounts and insert + delete large transfers "
+                             "(tests/crash/row_level_job.py)")
+    parser.add_argument("--final-read", default=None,
+                        help="with --row-level: where to write delta-spark's latest reads")
     args = parser.parse_args(argv)
     _event(args.events, event="start", failpoints=os.environ.get("PERCOLAKE_FAILPOINTS", ""))
 
     from percolake.lake.warehouse import is_object_store
     from sparkside import Participant
-    from tests.crash import workload
+    from tests.crash import row_level_job, workload
 
-    if args.master or is_object_store(args.lake):
+    if args.master or is_object_store(args.lake) or args.row_level:
         spark = remote_session(args.lake, args.master, json.loads(args.spark_conf))
     else:
         spark = spark_session()
     spark.sparkContext.setLogLevel("ERROR")
+    if args.row_level:
+        row_level_job.create_tables(spark, args.lake)
     participant = Participant(args.target, pipeline_id=args.pipeline,
                               **json.loads(args.participant_options))
     k = args.k
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         txn.write(debits, f"{args.lake}/{workload.DEBITS}")
         txn.write(credits, f"{args.lake}/{workload.CREDITS}")
         txn.write(balances, f"{args.lake}/{workload.BALANCES}", mode="overwrite")
+        if args.row_level:
+            row_level_job.write_batch(txn, src, args.lake)
 
     stream = (spark.readStream.schema("seq long, i long").option("maxFilesPerTrigger", 1)
               .json(args.input))
@@ -123,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     _event(args.events, event="done", query_id=query.id)
     participant.close()  # waits a bounded time for the last applied report
+    if args.row_level and args.final_read:
+        row_level_job.final_read(spark, args.lake, args.final_read)
     spark.stop()
     return 0
 

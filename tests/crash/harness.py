@@ -34,6 +34,7 @@ from tests.daemon_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAILPOINT_EXIT = 137
+FAILPOINT_KILLED = -9  # a failpoint's ``kill``: the driver SIGKILLed itself
 QUERY_FAILED = 3
 
 
@@ -122,6 +123,7 @@ class Scenario:
     env: dict[str, str] = field(default_factory=dict)  # for every child (the AWS variables)
     spark_check: bool = False          # check() also reads every version with delta-spark
     spark_reader: Any = None           # a running spark_reads.SparkReadService to use for it
+    driver_args: list[str] = field(default_factory=list)  # more arguments of every driver
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -230,6 +232,7 @@ class Scenario:
             command += ["--master", self.master]
         if self.spark_conf:
             command += ["--spark-conf", json.dumps(self.spark_conf)]
+        command += self.driver_args
         with open(log_path, "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
                                        env=self.child_env(failpoints), start_new_session=True)

@@ -46,9 +46,15 @@ class FileCache:
             summary: dict[str, Any] = {"rows": rows}
             if "amount" in columns:
                 summary["sum"] = int(sum(table["amount"]))
-            if "balance" in columns:
+            if "balance" in columns and "batch" in columns:
                 summary["balances"] = [list(r) for r in zip(
                     table["account"], table["balance"], table["batch"], strict=True)]
+            value = "amount" if "amount" in columns else "balance"
+            if "account" in columns and value in columns:  # sum(value) by account
+                by_account: dict[str, int] = {}
+                for account, amount in zip(table["account"], table[value], strict=True):
+                    by_account[str(account)] = by_account.get(str(account), 0) + int(amount)
+                summary["by_account"] = by_account
             self.summaries[path] = summary
         return self.summaries[path]
 
@@ -67,6 +73,7 @@ def observe(stub: pb_grpc.CoordinatorStub, tables: dict[str, str], cache: FileCa
             dt = open_delta(path, version=version.delta_version)
             root = table_root(path)
             balances: list[list[int]] = []
+            by_account: dict[str, int] = {}
             for uri in dt.file_uris():
                 relative = relative_to_root(uri, root)
                 summary = cache.summary(f"{root}/{relative}")
@@ -76,8 +83,11 @@ def observe(stub: pb_grpc.CoordinatorStub, tables: dict[str, str], cache: FileCa
                 seen["rows"] += summary["rows"]
                 seen["sum"] += summary.get("sum", 0)
                 balances += summary.get("balances", [])
+                for account, amount in summary.get("by_account", {}).items():
+                    by_account[account] = by_account.get(account, 0) + amount
             if balances:
                 seen["balances"] = balances
+            seen["by_account"] = by_account
         obs["tables"][name] = seen
     return obs
 

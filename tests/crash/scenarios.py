@@ -23,9 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.crash import light
+from tests.crash import light, row_level_job
 from tests.crash.checker import Checker, Report, list_below, local_path, read_versions
-from tests.crash.harness import FAILPOINT_EXIT, QUERY_FAILED, Scenario, wait_for
+from tests.crash.harness import (
+    FAILPOINT_EXIT,
+    FAILPOINT_KILLED,
+    QUERY_FAILED,
+    Scenario,
+    wait_for,
+)
 from tests.crash.rpc import COMMITTED_STATES, state_name
 
 
@@ -46,7 +52,7 @@ class Outcome:
 def _expect_crash(sc: Scenario, failpoints: str, name: str) -> Any:
     run = sc.run_driver(failpoints, expect=None)
     rc = run.returncode
-    if rc != FAILPOINT_EXIT or f"failpoint {name}" not in run.log():
+    if rc not in (FAILPOINT_EXIT, FAILPOINT_KILLED) or f"failpoint {name}" not in run.log():
         raise AssertionError(f"driver with {failpoints!r} exited {rc} without reaching failpoint "
                              f"{name}:\n{run.log_tail()}\ncoordinator:\n{sc.daemon.log_tail()}")
     return run
@@ -478,34 +484,46 @@ def _driver_point(point: str) -> Callable[..., Outcome]:
 CHAIN_HITS: dict[str, tuple[str, int]] = {"C2-first": ("mid-prewrite", 1)}
 
 
-def _chain_failpoint(point: str, batch: int) -> tuple[str, str]:
-    """The failpoint name and spec that kill a chain's driver at ``point`` in ``batch``."""
+def _chain_failpoint(point: str, batch: int, action: str = "exit") -> tuple[str, str]:
+    """The failpoint name and spec that kill a chain's driver at ``point`` in ``batch``
+    (``action`` ``exit``: os._exit; ``kill``: a SIGKILL)."""
     if point in CHAIN_HITS:
         failpoint, nth = CHAIN_HITS[point]
     else:
         failpoint, per_batch, _ = DRIVER_POINTS[point]
         nth = min(2, per_batch)
-    return failpoint, f"{failpoint}={nth}*exit@{batch}"
+    return failpoint, f"{failpoint}={nth}*{action}@{batch}"
 
 
 def driver_crash_chain(root: Path, points: list[str], k: int = 3, more_batches: int = 0,
-                       **scenario: Any) -> Outcome:
+                       row_level: bool = False, **scenario: Any) -> Outcome:
     """Driver crash points one after another on one pipeline (the fast mode's C1-C3, C6-C8r):
     the driver started after the crash in batch ``n - 1`` replays that batch and dies at
     ``points[n]`` in batch ``n``; a last driver finishes every batch, ``more_batches`` more
     than the crashes' while the snapshot reader reads. Per point the notes hold the crashed
     batch's states right after the crash and after the last driver, the tables holding it right
     after the crash, and whether the next driver ran the user's function for it again, which it
-    must not do for a committed batch (I2)."""
+    must not do for a committed batch (I2).
+
+    ``row_level``: issue 32's acceptance run. Every batch also MERGEs a balances table and
+    inserts then deletes on a fourth (``row_level_job.py``, tables made by delta-spark before
+    the stream), each crash is a SIGKILL (the ``kill`` action), every snapshot read must show
+    balances equal to credits minus debits, and delta-spark's latest reads every batch exactly
+    once (the notes' ``row_level``)."""
+    final_read = Path(root) / "final-read.json"
+    if row_level:
+        scenario["driver_args"] = ["--row-level", "--final-read", str(final_read)]
     sc = Scenario(root, k=k, **scenario)
     try:
         sc.start_coordinator()
-        sc.add_input(len(points) + 1 + more_batches)
-        sc.start_reader()
+        batches = len(points) + 1 + more_batches
+        sc.add_input(batches)
+        extra_tables = row_level_job.reader_tables(str(sc.lake)) if row_level else []
+        sc.start_reader(sc.tables() + extra_tables)
         report = Report()
         crashes: list[dict[str, Any]] = []
         for batch, point in enumerate(points):
-            failpoint, spec = _chain_failpoint(point, batch)
+            failpoint, spec = _chain_failpoint(point, batch, "kill" if row_level else "exit")
             run = _expect_crash(sc, spec, failpoint)
             if crashes:
                 crashes[-1]["next_run_user_fn"] = run.user_fn_batches()
@@ -532,10 +550,17 @@ def driver_crash_chain(root: Path, points: list[str], k: int = 3, more_batches: 
         seen = {tuple(t["version"] for t in o["tables"].values())
                 for o in sc.observations() if "snapshot_ts" in o}
         report.merge(sc.check())
+        notes: dict[str, Any] = {}
+        if row_level:
+            checked, violations = row_level_job.snapshot_violations(sc.observations())
+            violations += row_level_job.final_violations(final_read, batches, k)
+            report.violations += violations
+            notes["row_level"] = {"snapshot_reads_checked": checked,
+                                  "final_read": final_read.exists()}
         return Outcome("+".join(points), report, {
             "crashes": crashes, "distinct_snapshots_read": len(seen),
             "recovery_s": round(driven - started, 1),
-            "check_s": round(time.monotonic() - driven, 1)})
+            "check_s": round(time.monotonic() - driven, 1), **notes})
     finally:
         sc.close()
 

@@ -108,6 +108,19 @@ def test_cdc_merge_equals_delta_spark(spark, lake_daemon, lake, partitioned) -> 
         == source.count() - deleted
 
 
+def test_merge_into_an_empty_table_equals_delta_spark(spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A table just created (no data file yet, as after CREATE TABLE ... USING DELTA): Spark
+    drops the join with the empty target, and the source's row count is observed on the
+    insert pass instead."""
+    rng = random.Random(5)
+    participant = Participant(lake_daemon.target, pipeline_id=f"empty-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 20), f"{SCHEMA}, op string")
+    ours, _ = side_by_side(spark, participant, lake, "fresh", [], False, [cdc_merge], source)
+    metrics = RustTable(str(ours)).history(1)[0]["operationMetrics"]
+    assert int(metrics["numSourceRows"]) == source.count()
+    assert int(metrics["numTargetRowsInserted"]) == source.where("op <> 'D'").count()
+
+
 def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, lake) -> None:  # noqa: ANN001
     rng = random.Random(11)
     participant = Participant(lake_daemon.target, pipeline_id=f"all-{lake.name}")
@@ -229,23 +242,81 @@ def test_a_delta_spark_write_inside_the_batch_fails_it_naming_txn_delta_table(
     assert not any("percolake.txn_id" in h for h in history), "nothing of the batch committed"
 
 
-def test_files_with_deletion_vectors_are_refused_and_the_others_rewritten(spark, lake_daemon,
-                                                                         lake) -> None:  # noqa: ANN001
+def history(spark: SparkSession, path: Path) -> dict:
+    """The newest commit as delta-spark's DESCRIBE HISTORY shows it."""
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0].asDict()
+
+
+def test_describe_history_shows_delta_sparks_operation_parameters_and_metric_names(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """Each operation's commit, read by delta-spark, names what delta-spark's own operation on
+    a copy names: the operation, its parameters' keys and its metrics' keys."""
+    rng = random.Random(5)
+    source = spark.createDataFrame(change_rows(rng, 20), f"{SCHEMA}, op string")
+    operations: dict[str, Operation] = {
+        "MERGE": cdc_merge,
+        "UPDATE": lambda dt, src: dt.update("region = 'eu'", {"value": "value + 1"}),
+        "DELETE": lambda dt, src: dt.delete(F.col("value") > 50),
+    }
+    for name, operation in operations.items():
+        participant = Participant(lake_daemon.target, pipeline_id=f"hist-{name}-{lake.name}")
+        ours, theirs = side_by_side(spark, participant, lake, name.lower(),
+                                    target_rows(rng, 20), False, [operation], source)
+        got, expected = history(spark, ours), history(spark, theirs)
+        assert got["operation"] == expected["operation"] == name
+        assert set(got["operationParameters"]) == set(expected["operationParameters"]), name
+        assert set(got["operationMetrics"]) == set(expected["operationMetrics"]), name
+        assert got["readVersion"] == expected["readVersion"] == 0
+        assert got["isBlindAppend"] is False
+        assert got["userMetadata"] and "percolake.txn_id" in got["userMetadata"]
+        rows_metric = {"MERGE": "numTargetRowsDeleted", "UPDATE": "numUpdatedRows",
+                       "DELETE": "numDeletedRows"}[name]
+        assert got["operationMetrics"][rows_metric] == expected["operationMetrics"][rows_metric]
+
+
+def test_a_rewrite_of_files_with_deletion_vectors_removes_them_with_their_vectors(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A delta-spark table with deletion vectors (rows deleted by delta-spark, one vector
+    found only in a checkpoint): percolake's UPDATE and MERGE rewrite the files' visible rows
+    and remove each file with its vector; delta-spark reads what its own operations make."""
     participant = Participant(lake_daemon.target, pipeline_id=f"dv-{lake.name}")
-    table = lake / "dv"
-    (spark.createDataFrame([(1, 1, "eu"), (2, 2, "eu")], SCHEMA).coalesce(1).write
-     .format("delta").option("delta.enableDeletionVectors", "true").save(str(table)))
+    ours, theirs = lake / "dv", lake / "dv-reference"
+    (spark.createDataFrame([(1, 1, "eu"), (2, 2, "eu"), (5, 5, "eu")], SCHEMA).coalesce(1)
+     .write.format("delta").option("delta.enableDeletionVectors", "true")
+     .option("delta.checkpointInterval", "2").save(str(ours)))
     spark.createDataFrame([(3, 3, "us"), (4, 4, "us")], SCHEMA).coalesce(1).write \
-        .format("delta").mode("append").save(str(table))
-    spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 1")  # a deletion vector on eu's file
-    assert "deletionVector" in (table / "_delta_log" / f"{2:020d}.json").read_text()
-    participant.run_batch(spark.range(1), 0, lambda df, b, txn: txn.delta_table(
-        str(table)).update("region = 'us'", {"value": "value * 100"}))
-    assert table_rows(spark, table) == [(2, 2, "eu"), (3, 300, "us"), (4, 400, "us")]
-    with pytest.raises(RowLevelWriteRefused, match="deletion vector"):
-        participant.run_batch(spark.range(1), 1, lambda df, b, txn: txn.delta_table(
-            str(table)).update("id = 2", {"value": "0"}))
-    assert table_rows(spark, table) == [(2, 2, "eu"), (3, 300, "us"), (4, 400, "us")]
+        .format("delta").mode("append").save(str(ours))
+    spark.sql(f"DELETE FROM delta.`{ours}` WHERE id = 1")  # a vector on eu's file: version 2
+    spark.sql(f"DELETE FROM delta.`{ours}` WHERE id = 4")  # and on us's file: version 3
+    assert (ours / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    (ours / "_delta_log" / f"{2:020d}.json").unlink()  # eu's vector now only in the checkpoint
+    shutil.copytree(ours, theirs)
+    source = spark.createDataFrame([(2, 20, "eu", "U"), (3, 0, "us", "D"), (9, 9, "ap", "U")],
+                                   f"{SCHEMA}, op string")
+
+    def update(dt, src: DataFrame) -> None:  # noqa: ANN001
+        dt.update("id = 5", {"value": "50"})
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        update(txn.delta_table(str(ours)), source)
+        cdc_merge(txn.delta_table(str(ours)), source)
+
+    participant.run_batch(spark.range(1), 0, batch)
+    update(DeltaTable.forPath(spark, str(theirs)), source)
+    cdc_merge(DeltaTable.forPath(spark, str(theirs)), source)
+    assert table_rows(spark, ours) == table_rows(spark, theirs) == [
+        (2, 20, "eu"), (5, 50, "eu"), (9, 9, "ap")]
+    entry = [json.loads(line) for line in
+             (ours / "_delta_log" / f"{4:020d}.json").read_text().splitlines()]
+    removes = [a["remove"] for a in entry if "remove" in a]
+    assert len(removes) == 2 and all(r.get("deletionVector") for r in removes), removes
+    info = entry[0]["commitInfo"]
+    assert info["operation"] == "UPDATE,MERGE"
+    metrics = info["operationMetrics"]
+    assert int(metrics["numDeletionVectorsRemoved"]) \
+        + int(metrics["numTargetDeletionVectorsRemoved"]) == 2
+    assert [p["operation"] for p in json.loads(info["operationParameters"]["operations"])] \
+        == ["UPDATE", "MERGE"]
 
 
 def records_read(spark: SparkSession, run: Callable[[], object]) -> int:

@@ -1,0 +1,154 @@
+"""Round trips, not requests, on a batch's path on S3: the coordinator's and the participant's
+reads of a 3-table batch, counted on a latency relay (``tests/latency_relay.py``, 100 ms per
+request) in front of moto's server.
+
+The daemon reaches the store through the relay; the test's own writes and delta-rs applies go
+straight to moto, so the relay sees the coordinator's requests alone. In the steady state
+(each table's layout cached at the previous batch) a Commit's write check of three tables is
+one round trip (per table: the cached commit file, the next ones, the attempt's listing, all at
+once; the tables side by side), a ReportApplied of three tables one round trip of one GET each,
+and the participant's schema check reads the batch's layouts in one round trip, once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import Schema
+
+from percolake.lake import storage
+from percolake.lake.delta_commit import apply_table_write
+from percolake.records import TableWriteRecord, WriteMode
+from percolake.v1 import coordinator_pb2 as pb
+from sparkside.schema_check import SchemaChecker
+from tests.daemon_support import apply_all, unique
+from tests.latency_relay import LatencyRelay, round_trips
+from tests.test_s3_daemon import open_txn, write_files, write_intent
+from tests.test_s3_semantics import SCHEMA, upload
+
+DELAY_S = 0.1  # well above the machine's own scheduling delays, even when loaded
+TABLES = ("debits", "credits", "fees")
+
+
+@pytest.fixture
+def relay(moto_server):  # noqa: ANN001, ANN201 - MotoServer -> LatencyRelay
+    with LatencyRelay(moto_server.port, delay_s=DELAY_S) as relay:
+        yield relay
+
+
+def summary(requests) -> list[tuple[str, str]]:  # noqa: ANN001
+    return sorted((r.kind, r.target) for r in requests)
+
+
+def test_a_log_entry_is_read_with_one_get(moto_server, s3_env, s3_bucket, relay, monkeypatch):
+    moto_server.put(s3_bucket, "wh/t/_delta_log/00000000000000000000.json", b"{}\n")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    assert storage.read_object(f"s3://{s3_bucket}/wh/t/_delta_log/00000000000000000000.json") \
+        == b"{}\n"
+    assert storage.read_object(f"s3://{s3_bucket}/wh/t/_delta_log/00000000000000000001.json") \
+        is None
+    assert [r.kind for r in relay.requests()] == ["GET", "GET"]  # no HEAD before either
+
+
+def test_a_batch_of_three_s3_tables_costs_the_coordinator_one_round_trip_per_call(
+        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
+    daemon = daemon_factory.start(
+        ["--roll-forward-after", "3600", "--txn-timeout", "60"],
+        warehouse=f"s3://{s3_bucket}/wh", data_dir=tmp_path / "data",
+        env=moto_server.env(AWS_ENDPOINT_URL=relay.endpoint))
+    stub = daemon.stub
+    pipeline = unique("rt")
+    tables = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
+    calls: dict[str, list] = {}
+    for batch in range(3):  # batch 0 creates the tables, 1 loads the layouts, 2 is measured
+        opened = open_txn(stub, pipeline, batch, tables)
+        locations = {p.table: p.write_location for p in opened.transaction.participants}
+        writes = [write_intent(t, write_files(moto_server, locations[t], [batch]))
+                  for t in tables]
+        relay.reset()
+        committed = stub.CommitTransaction(pb.CommitTransactionRequest(
+            txn_id=opened.transaction.txn_id, writes=writes), timeout=60).transaction
+        assert committed.state == pb.COMMITTED
+        calls["commit"] = relay.requests()
+        versions = apply_all(stub, committed.txn_id)  # straight to moto, as a participant
+        relay.reset()
+        applied = stub.ReportApplied(pb.ReportAppliedRequest(
+            txn_id=committed.txn_id, tables=[pb.AppliedTable(table=t, delta_version=v)
+                                             for t, v in versions.items()]), timeout=60)
+        assert applied.transaction.state == pb.APPLIED
+        calls["report"] = relay.requests()
+    # batch 2: per table the cached entry (version 0), the next two (1, and 2 not yet there),
+    # the attempt's listing: 12 requests, none waiting for another
+    commit = calls["commit"]
+    assert len([r for r in commit if r.kind == "GET"]) == 9, summary(commit)
+    assert len([r for r in commit if r.kind == "LIST"]) == 3, summary(commit)
+    assert len(commit) == 12 and round_trips(commit) == 1, summary(commit)
+    report = calls["report"]
+    assert [r.kind for r in report] == ["GET"] * 3 and round_trips(report) == 1, summary(report)
+
+
+def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s3_env,
+                                                                   s3_bucket, relay,
+                                                                   monkeypatch):
+    tables = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
+
+    def commit_all(batch: int) -> None:  # straight to moto, as the previous batch's apply
+        for table in tables:
+            apply_table_write(TableWriteRecord(
+                table, WriteMode.APPEND, (upload(table, f"t{batch}", [batch]),),
+                Schema.from_arrow(SCHEMA).to_json(), ("p",)), app_id="a", app_version=batch,
+                txn_id=f"t{batch}", commit_ts=batch + 1)
+
+    checker = SchemaChecker()
+    commit_all(0)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    first = checker.for_batch(tables)  # loads each layout (delta-rs), cached at version 0
+    assert [first.get(t).version for t in tables] == [0, 0, 0]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint)
+    commit_all(1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    relay.reset()
+    layouts = checker.for_batch(tables)
+    assert [layouts.get(t).version for t in tables] == [1, 1, 1]
+    read = relay.requests()
+    assert [r.kind for r in read] == ["GET"] * 9 and round_trips(read) == 1, summary(read)
+    assert [layouts.get(t).version for t in tables] == [1, 1, 1]
+    assert len(relay.requests()) == 9  # read once per batch: asked again, nothing is read
+
+
+def test_the_relay_delays_and_counts_each_request_of_every_client(moto_server, s3_env,
+                                                                   s3_bucket, monkeypatch):
+    """boto3's conditional put, Arrow's multipart upload (create, 2 parts, complete) and a
+    read pass through whole, each request held back at least its delay, jitter included."""
+    with LatencyRelay(moto_server.port, delay_s=DELAY_S, jitter_s=0.01, seed=7) as relay:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+        uri = f"s3://{s3_bucket}/wh/t/_percolake/a1/big.parquet"
+        data = bytes(range(256)) * (12 << 12)  # 12 MiB: Arrow uploads it in two parts
+        assert storage.put_object_if_absent(f"s3://{s3_bucket}/wh/t/small", b"x" * 1000)
+        with storage.s3_filesystem().open_output_stream(storage.arrow_path(uri)) as out:
+            out.write(data)
+        assert storage.read_object(uri) == data
+        requests = relay.requests()
+    assert [(r.method, "uploadId=" in r.target or "uploads" in r.target) for r in requests] \
+        == [("PUT", False), ("POST", True), ("PUT", True), ("PUT", True), ("POST", True),
+            ("GET", False)], summary(requests)
+    assert all(r.answered - r.started >= DELAY_S for r in requests), requests
+
+
+@pytest.mark.parametrize("piece", [1, 3, 64, 100_000])
+def test_the_relay_finds_each_request_however_its_bytes_arrive(piece: int):
+    """Keep-alive requests with chunked and Content-Length bodies (a body holding what looks
+    like a request line too), cut into pieces of any size."""
+    from tests.latency_relay import _RequestReader
+
+    fake = b"GET /b/x HTTP/1.1\r\n\r\n"
+    chunked = (b"PUT /b/k HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"%x\r\n" % len(fake) + fake + b"\r\n3;ext=1\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n")
+    sized = b"PUT /b/k3 HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fake) + fake
+    plain = b"HEAD /b/k2 HTTP/1.1\r\nHost: x\r\n\r\n"
+    stream = chunked + plain + sized + plain
+    reader = _RequestReader()
+    found = [(method, target) for start in range(0, len(stream), piece)
+             for _, method, target in reader.feed(stream[start:start + piece])]
+    assert found == [("PUT", "/b/k"), ("HEAD", "/b/k2"), ("PUT", "/b/k3"), ("HEAD", "/b/k2")]
