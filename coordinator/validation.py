@@ -344,7 +344,8 @@ def _check_file_path(table: str, path: str, prefix: str) -> None:
         raise InvalidArgument(f"table {table}: file path {path!r} contains a NUL character")
 
 
-ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE", "OPTIMIZE")
+# WRITE: an append of the batch beside its row-level operations on the table
+ROW_LEVEL_OPERATIONS = ("MERGE", "UPDATE", "DELETE", "OPTIMIZE", "WRITE")
 REARRANGING_OPERATION = "OPTIMIZE"  # alone, and the only one with data_change=False
 
 

@@ -48,9 +48,9 @@ class TransactionDeltaTable:
         state.start()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, matched)
+        touched = _files_where(target, condition_column(condition))
         observation = Observation("percolake_delete")
-        rows = target.where(F.col(FILE).isin(touched)).observe(
+        rows = self._rows(state, touched).observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
             F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
         output = rows.where(~matched).select(*state.columns()) if touched else None
@@ -72,13 +72,13 @@ class TransactionDeltaTable:
         names = _resolve(state, assignments, "UPDATE")
         parameters = {"predicate": _predicates([condition] if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, matched)
+        touched = _files_where(target, condition_column(condition))
         if not touched:
             state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0},
                           parameters)
             return
         observation = Observation("percolake_update")
-        rows = target.where(F.col(FILE).isin(touched)).observe(
+        rows = self._rows(state, touched).observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numUpdatedRows"),
             F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
         types = _types(target)
@@ -100,7 +100,13 @@ class TransactionDeltaTable:
         return TransactionMergeBuilder(self, source, condition_column(condition))
 
     def _frame(self, state: RowLevelTable | None = None) -> DataFrame:
-        frame = (state or self._state()).current()
+        return self._aliased((state or self._state()).current())
+
+    def _rows(self, state: RowLevelTable, touched: list[str]) -> DataFrame:
+        """The rows of the files ``touched``, read alone (the rewrite's input)."""
+        return self._aliased(state.rows_of(touched))
+
+    def _aliased(self, frame: DataFrame) -> DataFrame:
         return frame.alias(self._alias) if self._alias else frame
 
 
@@ -116,15 +122,16 @@ class TransactionMergeBuilder:
     """delta-spark's ``DeltaMergeBuilder``: each ``when...`` returns a new builder."""
 
     def __init__(self, table: TransactionDeltaTable, source: DataFrame, condition: Column,
-                 clauses: tuple[_Clause, ...] = ()) -> None:
+                 clauses: tuple[_Clause, ...] = (), schema_evolution: bool = False) -> None:
         self._table = table
         self._source = source
         self._condition = condition
         self._clauses = clauses
+        self._schema_evolution = schema_evolution
 
     def _with(self, clause: _Clause) -> TransactionMergeBuilder:
         return TransactionMergeBuilder(self._table, self._source, self._condition,
-                                       self._clauses + (clause,))
+                                       self._clauses + (clause,), self._schema_evolution)
 
     @staticmethod
     def _when(condition: str | Column | None) -> Column | None:
@@ -165,9 +172,10 @@ class TransactionMergeBuilder:
         return self._with(_Clause("not_matched_by_source", self._when(condition), "delete"))
 
     def withSchemaEvolution(self) -> TransactionMergeBuilder:  # noqa: N802
-        raise MergeClauseError(
-            "withSchemaEvolution is not supported inside a percolake transaction yet: a "
-            "percolake commit cannot change a table's schema (docs/row-level-writes.md)")
+        """Source columns the table lacks are added to it by ``UpdateAll``/``InsertAll``
+        clauses (delta-spark's MERGE schema evolution), committed with the batch."""
+        return TransactionMergeBuilder(self._table, self._source, self._condition,
+                                       self._clauses, schema_evolution=True)
 
     def execute(self) -> DataFrame:
         """Runs the MERGE within the batch; returns delta-spark's metrics row
@@ -176,8 +184,15 @@ class TransactionMergeBuilder:
         state = self._table._state()
         state.start()
         target = self._table._frame(state)
-        metrics = _merge(state, target, self._source, self._condition, self._clauses,
-                         _merge_parameters(self._condition, self._clauses))
+        if self._schema_evolution and any(c.assignments is None and c.action != "delete"
+                                          for c in self._clauses):
+            known = {c.lower() for c in state.columns()}
+            state.evolve(self._source, [c for c in self._source.columns
+                                        if c.lower() not in known])
+            target = self._table._frame(state)
+        metrics = _merge(state, self._table, target, self._source, self._condition,
+                         self._clauses, _merge_parameters(self._condition, self._clauses),
+                         self._schema_evolution)
         state.metrics_update(metrics)
         updated = metrics["numTargetRowsUpdated"]
         deleted = metrics["numTargetRowsDeleted"]
@@ -235,12 +250,13 @@ def _check_clauses(clauses: tuple[_Clause, ...]) -> None:
                 f"only the last {name} clause can omit the condition.")
 
 
-def _merge(state: RowLevelTable, target: DataFrame, source: DataFrame, condition: Column,
-           clauses: tuple[_Clause, ...], parameters: dict[str, str]) -> dict[str, int]:
+def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame,
+           source: DataFrame, condition: Column, clauses: tuple[_Clause, ...],
+           parameters: dict[str, str], schema_evolution: bool = False) -> dict[str, int]:
     """The copy-on-write MERGE (docs/row-level-writes.md): touched files, then one rewrite."""
     columns = state.columns()
     types = _types(target)
-    clauses = tuple(_all_columns(c, state, source) for c in clauses)
+    clauses = tuple(_all_columns(c, state, source, schema_evolution) for c in clauses)
     for clause in clauses:
         if clause.assignments is not None:
             _resolve(state, clause.assignments, "MERGE")
@@ -248,19 +264,19 @@ def _merge(state: RowLevelTable, target: DataFrame, source: DataFrame, condition
     not_matched = [c for c in clauses if c.kind == "not_matched"]
     by_source = [c for c in clauses if c.kind == "not_matched_by_source"]
     source = source.withColumn(S_HERE, F.lit(True))
-    target = target.withColumn(T_HERE, F.lit(True))
     source_rows = Observation("percolake_merge_source")
     metrics: dict[str, int] = {}
     touched: list[str] = []
     if matched:  # also when by_source: the several-matches check holds for every MERGE
-        touched = _touched_by_matches(target, source.observe(source_rows, F.count(F.lit(1))
-                                                             .alias("numSourceRows")),
-                                      condition, columns, matched)
+        touched = _touched_by_matches(
+            state, table, target, source, source.observe(
+                source_rows, F.count(F.lit(1)).alias("numSourceRows")),
+            condition, columns, matched)
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
     if by_source:  # every target row may change
         touched = [r[0] for r in target.select(FILE).distinct().collect()]
-    rewritten = target.where(F.col(FILE).isin(touched)) if touched else target.limit(0)
+    rewritten = table._rows(state, touched).withColumn(T_HERE, F.lit(True))
     if not_matched:
         joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))
                                                .alias("numSourceRows")),
@@ -299,7 +315,7 @@ def _merge(state: RowLevelTable, target: DataFrame, source: DataFrame, condition
         F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
     outputs = []
     for name in columns:
-        value = target[name]
+        value = rewritten[name]
         for i, clause in reversed(numbered):
             if clause.action == "delete":
                 continue
@@ -326,37 +342,56 @@ def _merge(state: RowLevelTable, target: DataFrame, source: DataFrame, condition
     return metrics
 
 
-def _touched_by_matches(target: DataFrame, source: DataFrame, condition: Column,
+def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame,
+                        source: DataFrame, observed_source: DataFrame, condition: Column,
                         columns: list[str], matched: list[_Clause]) -> list[str]:
     """The files holding target rows the condition matches; fails as delta-spark does when
     several source rows match one target row (unless the only matched clause is an
-    unconditional delete), naming that row."""
-    pairs = target.withColumn(ROW_ID, F.monotonically_increasing_id()).join(
-        source, condition, "inner")
-    per_row = pairs.groupBy(ROW_ID, FILE).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.first(F.struct(*[target[c] for c in columns])).alias("row"))
-    per_file = per_row.groupBy(FILE).agg(F.max("n").alias("n"),
-                                         F.max_by("row", "n").alias("row")).collect()
+    unconditional delete), naming that row.
+
+    The join is deterministic so that Spark pushes the condition's target-only predicates
+    into the Delta scan (partition and statistics pruning); a target row is told apart by its
+    file and a hash of its values. Only files where such a key met several source rows (equal
+    rows, or a hash collision) are read again, alone, with a row id, for the exact count."""
+    hashable = [target[c] for c in columns
+                if not isinstance(target.schema[c].dataType, T.MapType)]
+    key = F.xxhash64(*hashable) if hashable else F.lit(0)
+    per_key = target.join(observed_source, condition, "inner").groupBy(
+        F.col(FILE), key.alias(ROW_ID)).agg(F.count(F.lit(1)).alias("n"))
+    per_file = per_key.groupBy(FILE).agg(F.max("n").alias("n")).collect()
+    touched = [r[FILE] for r in per_file]
     unambiguous = (len(matched) == 1 and matched[0].action == "delete"
                    and matched[0].condition is None)
-    worst = max(per_file, key=lambda r: r["n"], default=None)
-    if worst is not None and worst["n"] > 1 and not unambiguous:
+    suspects = [r[FILE] for r in per_file if r["n"] > 1]
+    if unambiguous or not suspects:
+        return touched
+    rows = table._rows(state, suspects).withColumn(ROW_ID, F.monotonically_increasing_id())
+    worst = rows.join(source, condition, "inner").groupBy(ROW_ID).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.first(F.struct(*[rows[c] for c in columns])).alias("row")).orderBy(
+            F.desc("n")).first()
+    if worst is not None and worst["n"] > 1:
         raise MultipleSourceRowsMatch(
             f"[{MultipleSourceRowsMatch.ERROR_CLASS}] Cannot perform Merge as multiple source "
             "rows matched and attempted to modify the same target row in the Delta table in "
             f"possibly conflicting ways: {worst['n']} source rows match the target row "
             f"{worst['row'].asDict()}. Preprocess the source so that at most one of its rows "
             "matches each target row (e.g. keep the latest change per key).")
-    return [r[FILE] for r in per_file]
+    return touched
 
 
-def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame) -> _Clause:
-    """``UpdateAll``/``InsertAll``: every target column from the source column of its name."""
+def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame,
+                 schema_evolution: bool) -> _Clause:
+    """``UpdateAll``/``InsertAll``: every target column from the source column of its name.
+    With schema evolution, as in delta-spark, a target column the source lacks keeps its value
+    (update) or is null (insert)."""
     if clause.assignments is not None or clause.action == "delete":
         return clause
     by_name = {c.lower(): c for c in source.columns}
     missing = [c for c in state.columns() if c.lower() not in by_name]
+    if schema_evolution:
+        return replace(clause, assignments={c: source[by_name[c.lower()]]
+                                            for c in state.columns() if c not in missing})
     if missing:
         raise MergeClauseError(
             f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {missing} in "

@@ -50,7 +50,7 @@ from sparkside.errors import (
 )
 from sparkside.heartbeat import Heartbeat
 from sparkside.reader import read_table_version, snapshot_once_completed, topology_request
-from sparkside.row_level import RowLevelWrites, marked_spark_writes
+from sparkside.row_level import RowLevelTable, RowLevelWrites, marked_spark_writes
 from sparkside.schema_check import SchemaChecker, check_layout, refuse_features
 from sparkside.session import run_executors_on_driver_python, use_object_store_settings
 from sparkside.table_rules import conform_batch, violation_of
@@ -91,6 +91,7 @@ class BatchTransaction:
         # the declared tables' layouts, read side by side while the user's function starts
         self._layouts = schemas.for_batch(list(self.locations))
         self.row_level = RowLevelWrites(spark, self._location, self.batch_id, self.txn_id)
+        self._appends_only: dict[str, str] = {}  # tables txn.write wrote otherwise: how
 
     def delta_table(self, table: str) -> TransactionDeltaTable:
         """``table`` as delta-spark's ``DeltaTable``, written within this batch: ``merge``,
@@ -103,11 +104,21 @@ class BatchTransaction:
         """
         table = resolve_table(self._spark, table)
         canonical = canonical_table_uri(table)
-        if canonical in self._tables:
-            raise ValueError(f"table {table} is written with txn.write in batch "
-                             f"{self.batch_id}; a table takes either txn.write or "
-                             "txn.delta_table in one batch")
-        return TransactionDeltaTable(lambda: self.row_level.state(table, canonical))
+        refused = self._appends_only.get(canonical)
+        if refused:
+            raise ValueError(f"table {table} is written with txn.write({refused}) in batch "
+                             f"{self.batch_id}: txn.delta_table on the same table in one "
+                             "batch works beside appends only (docs/row-level-writes.md)")
+        return TransactionDeltaTable(lambda: self._row_level_state(table, canonical))
+
+    def _row_level_state(self, table: str, canonical: str) -> RowLevelTable:
+        """The table's row-level state, with the batch's earlier ``txn.write`` of it (read
+        your own writes: that write is waited for)."""
+        state = self.row_level.state(table, canonical)
+        if canonical in self._tables and not self.row_level.includes_write(canonical):
+            records = dict(zip(self._tables, self.running.results(), strict=True))
+            self.row_level.include_write(records[canonical])
+        return state
 
     def _location(self, table: str, canonical: str) -> str:
         return self.locations.get(canonical) or self._declare(table, canonical)
@@ -155,10 +166,11 @@ class BatchTransaction:
         if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
-        if canonical in self.row_level.tables:
+        if canonical in self.row_level.tables and (mode != "append" or merge_schema):
             raise ValueError(f"table {table} is written with txn.delta_table in batch "
-                             f"{self.batch_id}; a table takes either txn.write or "
-                             "txn.delta_table in one batch")
+                             f"{self.batch_id}: txn.write on the same table in one batch "
+                             "must be a plain append (no overwrite, no merge_schema) "
+                             "(docs/row-level-writes.md)")
         # before the declare: a table percolake cannot write is refused with nothing declared
         layout = refuse_features(canonical, self._layouts.get(canonical))
         mapping = ColumnMapping.of(layout)
@@ -166,6 +178,11 @@ class BatchTransaction:
         if location is None:  # held from the declare on: its layout is read again after it
             location = self._declare(table, canonical)
             layout = self._layouts.fresh(canonical)
+        if canonical in self.row_level.tables:  # beside the operations' op<N> folders
+            location = f"{location}/write"
+        if mode != "append" or merge_schema:
+            self._appends_only[canonical] = f"mode={mode!r}" + (
+                ", merge_schema=True" if merge_schema else "")
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
         df = conform_batch(df, layout, canonical, self.batch_id)
@@ -173,6 +190,8 @@ class BatchTransaction:
         partitions = check_layout(layout, canonical, schema_json, list(partition_by or []),
                                   mode, self.batch_id, merge_schema)
         self._tables.append(canonical)
+        self.row_level.note_write(canonical, layout.version if layout is not None else -1,
+                                  location)
 
         def write_table() -> TableWriteRecord:
             try:
@@ -233,6 +252,9 @@ class BatchTransaction:
         records = self.running.results()
         self.writes = dict(zip(self._tables, records, strict=True))
         self.row_level.refuse_spark_writes()
+        for table, record in self.writes.items():  # appends of tables also written row-level
+            if table in self.row_level.tables and not self.row_level.includes_write(table):
+                self.row_level.include_write(record)
         self.writes.update({w.table: w for w in self.row_level.records()})
 
     def stop_writes(self) -> None:

@@ -5,8 +5,9 @@ as read at ``read_version`` (pinned at the first call, after the attempt holds t
 minus the files the batch's earlier operations replaced, plus the files they wrote. Each
 operation finds the files holding rows it changes (a join that keeps ``_metadata.file_path``;
 Spark pushes the condition's target-only predicates into the Delta scan, which prunes
-partitions and files by their statistics), has the executors rewrite those files' surviving and
-changed rows (and the inserts) once, into the attempt's folder, and replaces them in the state:
+partitions and files by their statistics), has the executors read exactly those files
+(``sparkside.file_scan``) and rewrite their surviving and changed rows (and the inserts) once,
+into the attempt's folder, and replaces them in the state:
 a later operation reads the earlier ones' output (read your own writes). At the commit the state
 is one ROW_LEVEL write intent: the files it adds, the files of ``read_version`` it removes.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,15 +24,18 @@ from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import files_of_version, open_table
+from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
 from sparkside.errors import RowLevelWriteRefused
+from sparkside.file_scan import FileScan
 from sparkside.reader import read_table_version
-from sparkside.writer import write_files
+from sparkside.writer import delta_schema_json, write_files
 
 FILE = "__percolake_file"  # the hidden column naming each row's data file
 USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
@@ -93,6 +97,8 @@ class RowLevelTable:
     parameters: list[dict[str, str]] = field(default_factory=list)  # each operation's
     metrics: dict[str, int] = field(default_factory=dict)
     started: float = 0.0  # when the running operation started (time.monotonic)
+    evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
+    _file_scan: FileScan | None = field(default=None, repr=False)
 
     @classmethod
     def read(cls, spark: SparkSession, table: str, location: str) -> RowLevelTable:
@@ -125,7 +131,7 @@ class RowLevelTable:
 
     def current(self) -> DataFrame:
         """The table as this batch's operations left it, with each row's file in FILE."""
-        base = read_table_version(self.spark, self.table, self.read_version)
+        base = self._base()
         columns = base.columns
         frame = base.select(*columns, F.col("_metadata.file_path").alias(FILE))
         if self.removed_as_read:
@@ -139,6 +145,72 @@ class RowLevelTable:
             frame = frame.unionByName(
                 written.select(*columns, F.col("_metadata.file_path").alias(FILE)))
         return frame
+
+    def rows_of(self, touched: Sequence[str]) -> DataFrame:
+        """The current rows of exactly the files ``touched`` (``_metadata.file_path`` values
+        from ``current()``), with FILE, in ``current()``'s columns: only those files are read
+        (``sparkside.file_scan``), so a rewrite costs the files it rewrites."""
+        base = self._base()
+        columns = base.columns
+        of_base = [p for p in touched if self._relative(p) not in self.added]
+        of_batch = [p for p in touched if self._relative(p) in self.added]
+        frame = None
+        if of_base:
+            frame = self._with_evolved(self._scan().rows(self._add_actions(of_base))).select(
+                *columns, F.col("_metadata.file_path").alias(FILE))
+        by_folder: dict[str, list[str]] = {}
+        for spark_path in of_batch:
+            path = self._relative(spark_path)
+            by_folder.setdefault(self.added_folders[path], []).append(f"{self.table}/{path}")
+        for folder, paths in sorted(by_folder.items()):
+            written = (self.spark.read.schema(base.schema).option("basePath", spark_uri(folder))
+                       .parquet(*[spark_uri(p) for p in sorted(paths)])
+                       .select(*columns, F.col("_metadata.file_path").alias(FILE)))
+            frame = written if frame is None else frame.unionByName(written)
+        if frame is None:  # nothing touched: no rows, the same columns
+            return self.current().limit(0)
+        return frame
+
+    def _base(self) -> DataFrame:
+        """The table at ``read_version``, with the columns this batch added (null)."""
+        return self._with_evolved(read_table_version(self.spark, self.table, self.read_version))
+
+    def _with_evolved(self, frame: DataFrame) -> DataFrame:
+        for column in self.evolved:
+            frame = frame.withColumn(column.name, F.lit(None).cast(column.dataType))
+        return frame
+
+    def evolve(self, source: DataFrame, columns: Sequence[str]) -> None:
+        """Adds the source's ``columns`` to the table (delta-spark's MERGE schema evolution):
+        null in the rows written before, committed with the batch's write."""
+        if not columns:
+            return
+        self.schema_json = merged_schema(self.schema_json,
+                                         delta_schema_json(source.select(*columns)))
+        self.evolved += [T.StructField(f.name, f.dataType, True)
+                         for f in source.select(*columns).schema.fields]
+
+    def _scan(self) -> FileScan:
+        if self._file_scan is None:
+            self._file_scan = FileScan.at(self.spark, self.table, self.read_version)
+        return self._file_scan
+
+    def _add_actions(self, touched: Sequence[str]) -> list[Any]:
+        """The add actions of ``read_version`` of the files ``touched`` (all of them, or
+        AssertionError: the scan and the log disagree)."""
+        spellings = {}
+        for spark_path in touched:
+            relative = self._relative(spark_path)
+            segments = relative.count("/") + 1  # the log's (URI-encoded) spelling, and ours
+            raw = "/".join(urlparse(spark_path).path.split("/")[-segments:])
+            spellings.update({raw: relative, relative: relative})
+        actions = self._scan().add_actions(spellings)
+        found = {spellings[a.path()] for a in actions}
+        missing = {self._relative(p) for p in touched} - found
+        if missing:
+            raise AssertionError(f"table {self.table} at version {self.read_version} has no "
+                                 f"add action for {sorted(missing)[:3]}, which Spark read")
+        return actions
 
     def columns(self) -> list[str]:
         return [f["name"] for f in json.loads(self.schema_json)["fields"]]
@@ -190,6 +262,16 @@ class RowLevelTable:
         self.metrics_update(metrics)
         return metrics
 
+    def include_append(self, adds: Sequence[AddFileRecord], folder: str) -> None:
+        """An append of the batch (``txn.write``), in call order (``RowLevelWrites``)."""
+        self.added.update({a.path: a for a in adds})
+        self.added_folders.update({a.path: folder for a in adds})
+        self.operations.append("WRITE")
+        self.parameters.append({"mode": "Append",
+                                "partitionBy": json.dumps(self.partition_by)})
+        rows = sum(json.loads(a.stats).get("numRecords", 0) for a in adds if a.stats)
+        self.metrics_update({"numFiles": len(adds), "numOutputRows": rows})
+
     def metrics_update(self, metrics: dict[str, int]) -> None:
         """Adds an operation's row metrics (observed while its files were written)."""
         for key, value in metrics.items():
@@ -204,6 +286,7 @@ class RowLevelTable:
             add_files=tuple(sorted(self.added.values(), key=lambda a: a.path)),
             schema_json=self.schema_json, partition_by=tuple(self.partition_by),
             remove_files=tuple(sorted(self.removed.values(), key=lambda r: r.path)),
+            merge_schema=bool(self.evolved),
             read_version=self.read_version, operation=",".join(self.operations),
             operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
                                          separators=(",", ":")),
@@ -288,6 +371,10 @@ class RowLevelWrites:
         self.batch_id = batch_id
         self.marker = f"{SPARK_WRITE_MARK}{txn_id}"
         self.tables: dict[str, RowLevelTable] = {}
+        self.written: dict[str, int] = {}  # tables of txn.write: their version seen then
+        self.write_folders: dict[str, str] = {}  # tables of txn.write: where it writes
+        self.included: set[str] = set()  # tables whose txn.write joined their state
+        self.started_ms = int(time.time() * 1000)  # before the function runs
 
     def state(self, table: str, canonical: str) -> RowLevelTable:
         if canonical not in self.tables:
@@ -302,19 +389,62 @@ class RowLevelWrites:
         order."""
         return [r for r in (t.write_record() for t in self.tables.values()) if r is not None]
 
+    def note_write(self, table: str, seen_version: int, folder: str) -> None:
+        """``txn.write`` writes ``table`` into ``folder``; the table's latest version was
+        ``seen_version`` (-1: none) when it was called."""
+        self.written.setdefault(table, seen_version)
+        self.write_folders[table] = folder
+
+    def includes_write(self, table: str) -> bool:
+        return table in self.included
+
+    def include_write(self, record: TableWriteRecord) -> None:
+        """The batch's append of a table it also writes row by row joins the table's state,
+        in call order: later operations see its rows, and it commits in the same ROW_LEVEL
+        write (one Delta commit)."""
+        self.tables[record.table].include_append(record.add_files,
+                                                 self.write_folders[record.table])
+        self.included.add(record.table)
+
     def refuse_spark_writes(self) -> None:
         """Point 4 of docs/row-level-writes.md: a delta-spark write made inside the function
-        to a table the batch writes row by row committed on its own, outside the batch."""
+        to a table the batch writes committed on its own, outside the batch. Its commit
+        carries ``marker`` (``marked_spark_writes``): the tables written row by row are
+        searched after their read version; those written with ``txn.write`` after the
+        version seen then and, backwards, down to the first commit older than the
+        function."""
         for table, state in self.tables.items():
-            for version, actions in log_entries_after(table, state.read_version):
-                info = next((a["commitInfo"] for a in actions or () if "commitInfo" in a), {})
-                if info.get("userMetadata") == self.marker:
-                    raise RowLevelWriteRefused(
-                        f"table {table}: a delta-spark {info.get('operation', 'write')} made "
-                        f"inside batch {self.batch_id}'s function committed version {version} "
-                        "on its own, outside the batch's transaction (it is not undone if the "
-                        "batch fails, and a replay repeats it). Write the table through "
-                        f"txn.delta_table({table!r}) (merge, update, delete) instead.")
+            self._refuse_marked(table, log_entries_after(table, state.read_version))
+        for table, seen in self.written.items():
+            self._refuse_marked(table, log_entries_after(table, seen))
+            self._refuse_marked(table, self._entries_since_start(table, seen))
+
+    def _entries_since_start(self, table: str, version: int
+                             ) -> Iterator[tuple[int, list[dict] | None]]:
+        """The entries at ``version`` and before, newest first, while they were committed
+        after the function started (a marked commit is stamped by this driver's clock)."""
+        while version >= 0:
+            entry = next(log_entries_after(table, version - 1), None)
+            if entry is None or entry[0] != version:
+                return
+            info = next((a["commitInfo"] for a in entry[1] or () if "commitInfo" in a), {})
+            if int(info.get("timestamp", 0)) < self.started_ms:
+                return
+            yield entry
+            version -= 1
+
+    def _refuse_marked(self, table: str, entries: Iterable[tuple[int, list[dict] | None]]
+                       ) -> None:
+        for version, actions in entries:
+            info = next((a["commitInfo"] for a in actions or () if "commitInfo" in a), {})
+            if info.get("userMetadata") == self.marker:
+                raise RowLevelWriteRefused(
+                    f"table {table}: a delta-spark {info.get('operation', 'write')} made "
+                    f"inside batch {self.batch_id}'s function committed version {version} "
+                    "on its own, outside the batch's transaction (it is not undone if the "
+                    "batch fails, and a replay repeats it). Write the table through "
+                    f"txn.delta_table({table!r}) (merge, update, delete) or txn.write "
+                    "(appends, overwrites) instead.")
 
 
 @contextmanager

@@ -71,6 +71,9 @@ def test_a_row_level_intent_survives_the_codec_and_the_record_json(table):
 def test_validation_refuses_removes_that_cannot_be_meant(table):
     write = rewrite(table, [1], [1])
     validation.check_table_write(write, TXN, 10**6)
+    # an append of the batch beside its row-level operations, in call order
+    validation.check_table_write(dataclasses.replace(write, operation="MERGE,WRITE,DELETE"),
+                                 TXN, 10**6)
     own = RemoveFileRecord(f"_percolake/{TXN}/op1/part-9.parquet", 1, {})
     cases = {
         "needs the ROW_LEVEL mode": dataclasses.replace(write, mode=WriteMode.APPEND),

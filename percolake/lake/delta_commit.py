@@ -244,6 +244,9 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
             if write.mode == WriteMode.ROW_LEVEL:
                 _refuse_changed_since_read(write, txn_id)
                 entry = row_level_entry(write, layout, properties)
+                evolved = evolved_schema(table, write)
+                if evolved is not None:  # MERGE withSchemaEvolution: columns and data at once
+                    entry.insert(2, metadata_action(table.metadata(), evolved))
                 fail_point("before-row-level-entry", app_version)
                 if put_entry(write.table, table.version() + 1, entry):
                     fail_point("after-row-level-entry", app_version)

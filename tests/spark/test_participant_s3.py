@@ -117,3 +117,38 @@ def test_delta_spark_skips_files_by_the_executors_stats_and_reads_every_version_
         assert through_spark == sorted(read_delta_table(events, version).column("id")
                                        .to_pylist())
     participant.close()
+
+
+def test_a_merge_on_an_s3_table_commits_with_the_batch_and_delta_spark_reads_it(
+        spark_s3, s3_daemon, tmp_path):
+    """The MERGE's files are written once under the attempt's prefix and committed with the
+    batch's append; delta-spark reads the table as its own MERGE leaves a local copy."""
+    from delta.tables import DeltaTable as SparkTable
+
+    from tests.spark.test_row_level import SCHEMA, cdc_merge, table_rows
+
+    daemon, root = s3_daemon
+    accounts, credits = f"{root}/accounts", f"{root}/credits"
+    location, reference = accounts.replace("s3://", "s3a://"), tmp_path / "reference"
+    rows = [(k, k * 10, "eu" if k % 2 else "us") for k in range(8)]
+    changes = spark_s3.createDataFrame(
+        [(1, 5, "eu", "U"), (2, 0, "us", "D"), (9, 90, "ap", "U")], f"{SCHEMA}, op string")
+    for path in (location, str(reference)):
+        spark_s3.createDataFrame(rows, SCHEMA).repartition(2).write.format("delta") \
+            .partitionBy("region").save(path)
+    participant = Participant(daemon.target, pipeline_id="s3-merge")
+
+    def batch(df, batch_id, txn):  # noqa: ANN001, ANN202
+        txn.write(changes.drop("op"), credits)
+        cdc_merge(txn.delta_table(accounts), changes)
+
+    participant.run_batch(spark_s3.range(1), 0, batch)
+    participant.run_batch(spark_s3.range(1), 0, batch)  # a replay: the MERGE is not repeated
+    cdc_merge(SparkTable.forPath(spark_s3, str(reference)), changes)
+    assert table_rows(spark_s3, location) == table_rows(spark_s3, reference)
+    assert sorted(read_delta_table(credits).column("id").to_pylist()) == [1, 2, 9]
+    history = spark_s3.sql(f"DESCRIBE HISTORY delta.`{location}`").collect()
+    assert sorted(h.version for h in history) == [0, 1]
+    objects = {p for p in storage.list_files(accounts) if not p.startswith("_delta_log/")}
+    assert objects == referenced_paths(accounts), "no file of the attempt is left unreferenced"
+    participant.close()

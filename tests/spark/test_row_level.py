@@ -317,3 +317,139 @@ def test_a_rewrite_of_files_with_deletion_vectors_removes_them_with_their_vector
         + int(metrics["numTargetDeletionVectorsRemoved"]) == 2
     assert [p["operation"] for p in json.loads(info["operationParameters"]["operations"])] \
         == ["UPDATE", "MERGE"]
+
+
+def records_read(spark: SparkSession, run: Callable[[], object]) -> int:
+    """Rows (and log lines) read from storage by the Spark stages ``run`` starts."""
+    context = spark.sparkContext
+    store, jvm = context._jsc.sc().statusStore(), context._jvm
+
+    def per_stage() -> dict[tuple[int, int], int]:
+        context._jsc.sc().listenerBus().waitUntilEmpty()
+        stages = store.stageList(None, False, False, context._gateway.new_array(jvm.double, 0),
+                                 jvm.java.util.ArrayList()).iterator()
+        counts = {}
+        while stages.hasNext():
+            stage = stages.next()
+            counts[(stage.stageId(), stage.attemptId())] = stage.inputRecords()
+        return counts
+
+    before = per_stage()
+    run()
+    return sum(n for stage, n in per_stage().items() if stage not in before)
+
+
+def test_the_rewrite_reads_only_the_touched_files(spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """20 files of 500 rows; an UPDATE and a MERGE that touch one file each read that file
+    (the find job, pruned by statistics, and the rewrite), as delta-spark's own do on a copy,
+    not the table."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"scale-{lake.name}")
+    ours, theirs = lake / "wide", lake / "wide-reference"
+    (spark.range(0, 10_000, 1, 20).selectExpr("id", "id % 7 AS value", "'eu' AS region")
+     .write.format("delta").save(str(ours)))
+    shutil.copytree(ours, theirs)
+    source = spark.createDataFrame([(1234, 5, "us", "U")], f"{SCHEMA}, op string")
+
+    def update(dt) -> None:  # noqa: ANN001
+        dt.update("id = 4321", {"value": "-1"})
+
+    def merge(dt) -> None:  # noqa: ANN001
+        (dt.alias("t").merge(source.alias("s"), "t.id = s.id AND t.id BETWEEN 1000 AND 1400")
+         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    read = {}
+    for name, operation in (("update", update), ("merge", merge)):
+        read[name] = records_read(spark, lambda op=operation: participant.run_batch(
+            spark.range(1), len(read), lambda df, b, txn: op(txn.delta_table(str(ours)))))
+        read[f"delta-spark {name}"] = records_read(
+            spark, lambda op=operation: op(DeltaTable.forPath(spark, str(theirs))))
+    assert table_rows(spark, ours) == table_rows(spark, theirs)
+    log_lines = 200  # the Delta log's own lines, read when snapshots are built
+    for name in ("update", "merge"):
+        assert read[name] <= 2 * 500 + log_lines, read  # one file, twice; not 10,000 rows
+        assert read[name] <= read[f"delta-spark {name}"] + log_lines, read
+    removed = [json.loads(line)["remove"]["path"] for v in (1, 2) for line in
+               (ours / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
+               if '"remove"' in line]
+    assert len(removed) == 2
+
+
+def test_txn_write_and_delta_table_on_one_table_run_in_call_order_as_one_commit(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"mixed-{lake.name}")
+    rows = [(1, 1, "eu"), (2, 20, "us"), (3, 3, "ap")]
+    appended = spark.createDataFrame([(4, 4, "eu"), (5, 50, "us")], SCHEMA)
+    ours, theirs = lake / "mixed", lake / "mixed-reference"
+    make_table(spark, ours, rows, True)
+    shutil.copytree(ours, theirs)
+
+    def append_then_update(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        txn.write(appended, str(ours))
+        txn.delta_table(str(ours)).update("value < 10", {"value": "value + 1000"})
+
+    def delete_then_append(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        txn.delta_table(str(ours)).delete("id IN (1, 5)")
+        txn.write(appended.where("id = 4"), str(ours))
+        txn.delta_table(str(ours)).update("id = 4 AND value = 4", {"value": "-4"})
+
+    participant.run_batch(spark.range(1), 0, append_then_update)
+    appended.write.format("delta").mode("append").save(str(theirs))
+    DeltaTable.forPath(spark, str(theirs)).update("value < 10", {"value": "value + 1000"})
+    assert table_rows(spark, ours) == table_rows(spark, theirs)
+    participant.run_batch(spark.range(1), 1, delete_then_append)
+    reference = DeltaTable.forPath(spark, str(theirs))
+    reference.delete("id IN (1, 5)")
+    appended.where("id = 4").write.format("delta").mode("append").save(str(theirs))
+    reference.update("id = 4 AND value = 4", {"value": "-4"})
+    assert table_rows(spark, ours) == table_rows(spark, theirs)
+    history = RustTable(str(ours)).history()
+    assert len(history) == 3, "each batch is one Delta commit"
+    assert [h["percolake.operation"] for h in history[:2]] == ["DELETE,WRITE,UPDATE",
+                                                              "WRITE,UPDATE"]
+
+    def overwrite_then_merge(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        txn.write(appended, str(ours), mode="overwrite")
+        txn.delta_table(str(ours))
+
+    with pytest.raises(ValueError, match="beside appends only"):
+        participant.run_batch(spark.range(1), 2, overwrite_then_merge)
+    assert len(RustTable(str(ours)).history()) == 3
+
+
+@pytest.mark.parametrize("before_txn_write", [True, False])
+def test_a_delta_spark_write_to_a_table_of_txn_write_fails_the_batch(
+        spark, lake_daemon, lake, before_txn_write) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"own-{lake.name}")
+    table = lake / "log"
+    make_table(spark, table, [(1, 1, "eu")], False)
+    rows = spark.createDataFrame([(2, 2, "us")], SCHEMA)
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        if before_txn_write:
+            rows.write.format("delta").mode("append").save(str(table))  # delta-spark's own
+        txn.write(rows, str(table))
+        if not before_txn_write:
+            rows.write.format("delta").mode("append").save(str(table))
+
+    with pytest.raises(RowLevelWriteRefused, match=r"txn\.delta_table"):
+        participant.run_batch(spark.range(1), 0, batch)
+    history = [json.dumps(h) for h in RustTable(str(table)).history()]
+    assert not any("percolake.txn_id" in h for h in history), "nothing of the batch committed"
+
+
+def test_with_schema_evolution_adds_the_source_columns_as_delta_spark_does(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A source with a new column (``note``) and without ``region``: the MERGE adds ``note``;
+    UpdateAll keeps ``region``, InsertAll leaves it null, as delta-spark's own MERGE does."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"evolve-{lake.name}")
+    source = spark.createDataFrame([(1, 100, "first"), (7, 700, "new")],
+                                   "id long, value long, note string")
+
+    def evolving_merge(dt, src: DataFrame) -> object:  # noqa: ANN001
+        return (dt.alias("t").merge(src.alias("s"), "t.id = s.id").withSchemaEvolution()
+                .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    ours, _ = side_by_side(spark, participant, lake, "evolving", [(1, 1, "eu"), (2, 2, "us")],
+                           False, [evolving_merge], source)
+    assert spark.read.format("delta").load(str(ours)).columns == ["id", "value", "region",
+                                                                  "note"]

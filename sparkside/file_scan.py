@@ -1,0 +1,53 @@
+"""delta-spark's read of exactly some data files of one table version.
+
+A row-level write rewrites the files holding rows it changes. Filtering the whole table on
+``_metadata.file_path`` does not prune the scan (measured: Spark's Delta scan still reads every
+file and drops the rows afterwards), so the rewrite reads a relation built from those files'
+add actions, as delta-spark's own MERGE does (``DeltaLog.createDataFrame``): only they are
+listed, so only they are read, with their partition values and deletion vectors applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from percolake.lake.warehouse import spark_uri
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """The table's Delta snapshot at one version, as delta-spark's JVM side holds it."""
+
+    spark: SparkSession
+    log: Any  # org.apache.spark.sql.delta.DeltaLog
+    snapshot: Any  # org.apache.spark.sql.delta.Snapshot
+
+    @classmethod
+    def at(cls, spark: SparkSession, table_uri: str, version: int) -> FileScan:
+        jvm = spark._jvm
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession,
+                                                               spark_uri(table_uri))
+        none = jvm.scala.Option.empty()
+        return cls(spark, log, log.getSnapshotAt(version, none, none, False))
+
+    def add_actions(self, paths: Iterable[str]) -> list[Any]:
+        """The snapshot's add actions whose ``path`` is one of ``paths`` (as the log spells
+        them)."""
+        wanted = sorted(set(paths))
+        if not wanted:
+            return []
+        found = self.snapshot.allFiles().where(F.col("path").isin(wanted)._jc)
+        return list(found.collectAsList())
+
+    def rows(self, add_actions: list[Any]) -> DataFrame:
+        """The rows of exactly these files (deletion vectors applied), in the table's
+        columns; ``_metadata`` is available as on any file source."""
+        jvm = self.spark._jvm
+        files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(add_actions).toList()
+        frame = self.log.createDataFrame(self.snapshot, files, False, jvm.scala.Option.empty())
+        return DataFrame(frame, self.spark)
