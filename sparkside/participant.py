@@ -59,7 +59,8 @@ from sparkside.writer import delta_schema_json, write_files
 log = logging.getLogger("percolake.participant")
 
 UserFunction = Callable[[DataFrame, int, "BatchTransaction"], Any]
-MODES = {m.value: m for m in WriteMode}
+# txn.write's modes; ROW_LEVEL writes come from txn.delta_table only
+MODES = {m.value: m for m in WriteMode if m != WriteMode.ROW_LEVEL}
 CHECKPOINT_RESET_POLICIES = ("refuse", "new_generation")
 SECONDARY_WORKERS = 4  # tables whose Delta commits run at once
 

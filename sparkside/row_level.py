@@ -40,7 +40,15 @@ from sparkside.writer import delta_schema_json, write_files
 FILE = "__percolake_file"  # the hidden column naming each row's data file
 USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
 SPARK_WRITE_MARK = "percolake:inside-batch:"
-UNSUPPORTED_PROPERTIES = {"delta.columnMapping.mode": ("none", "None", "")}
+# table properties row-level writes refuse unless they have one of the allowed values: why
+UNSUPPORTED_PROPERTIES = {
+    "delta.columnMapping.mode": (("none", "None", ""), "files hold physical column names"),
+    # delta-spark writes _change_data files of the changed rows; a rewrite without them would
+    # show change-data readers every row of each rewritten file deleted and inserted again
+    "delta.enableChangeDataFeed": (("false", "False", ""), "its change data feed would show "
+                                   "whole rewritten files deleted and inserted, where "
+                                   "delta-spark records only the changed rows"),
+}
 
 
 def condition_column(condition: str | Column | None, argname: str = "'condition'") -> Column:
@@ -106,7 +114,7 @@ class RowLevelTable:
 
         Raises:
             RowLevelWriteRefused: no Delta table there, or a table feature copy-on-write
-                cannot honour (column mapping).
+                cannot honour (column mapping, change data feed).
         """
         delta = open_table(table)
         if delta is None:
@@ -114,11 +122,11 @@ class RowLevelTable:
                 f"{table} is not a Delta table: txn.delta_table needs an existing table "
                 "(create it first, e.g. with CREATE TABLE ... USING DELTA or txn.write)")
         configuration = delta.metadata().configuration
-        for key, allowed in UNSUPPORTED_PROPERTIES.items():
-            if key in configuration and configuration[key] not in allowed:
+        for key, (allowed, why) in UNSUPPORTED_PROPERTIES.items():
+            if key in configuration and str(configuration[key]) not in allowed:
                 raise RowLevelWriteRefused(
                     f"table {table} has {key}={configuration[key]}: percolake's row-level "
-                    "writes do not support it yet (files hold physical column names)")
+                    f"writes do not support it yet ({why})")
         version = delta.version()
         files = files_of_version(table, version)
         readers = delta.protocol().reader_features or []
