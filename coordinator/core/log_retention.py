@@ -2,8 +2,8 @@
 ``delta.logRetentionDuration`` are deleted, but never one that a version something still
 reads needs: the versions vacuum protects (each live lease's version, a downstream pipeline's
 range still to read, every version from the one at the time-travel floor on) keep the log
-from the newest checkpoint at or below the oldest of them. Runs in the resolver after each
-retention pass, and on demand (``clean_log``).
+from the newest checkpoint at or below the oldest of them. Runs in the resolver after the
+retention passes (the first one interval after start), and on demand (``clean_log``).
 """
 
 from __future__ import annotations

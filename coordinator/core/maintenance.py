@@ -129,12 +129,17 @@ class Maintenance(CoreState):
             _log_failure("sweep of aborted attempts failed", exc)
         last_sweep = time.monotonic()
         last_prune = last_lease_sweep = -float("inf")
+        # the first log cleanup waits one interval: a daemon just started gets its first
+        # batches' commits through without delta-rs loading every table it writes beside them
+        last_log_cleanup = time.monotonic()
         while not self._stop.wait(self.config.resolver_interval_s):
             try:
                 self.resolve_once()
                 if time.monotonic() - last_prune >= self.config.retention_interval_s:
                     last_prune = time.monotonic()
                     self.prune_history()
+                if time.monotonic() - last_log_cleanup >= self.config.retention_interval_s:
+                    last_log_cleanup = time.monotonic()
                     self.clean_logs()  # LogRetention's: after the floor moved
                 if time.monotonic() - last_lease_sweep >= LEASE_SWEEP_INTERVAL_S:
                     last_lease_sweep = time.monotonic()
