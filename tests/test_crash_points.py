@@ -257,3 +257,18 @@ def test_a_table_feature_percolake_cannot_write_leaves_no_table_of_the_batch_sho
     _assert_clean(outcome)
     assert "FAILED_PRECONDITION" in outcome.notes["refusal"]
     assert outcome.notes["snapshot_s"] < 5
+
+
+# ---------------------------------------------------------------- merge_schema's log entry
+
+
+@pytest.mark.parametrize("failpoint", ["before-log-entry", "after-log-entry"])
+def test_a_merge_schema_roll_forward_crashing_around_its_log_entry_lands_exactly_once(
+        tmp_path, failpoint):
+    """The coordinator's roll-forward of a committed merge_schema write dies before or after
+    writing its own Delta log entry (data and new schema); restarted, it rolls the batch
+    forward: one version with the data and the new column, every table once."""
+    outcome = scenarios.merge_schema_entry_crash(tmp_path, failpoint)
+    _assert_clean(outcome)
+    assert outcome.notes["entries_at_crash"] == (failpoint == "after-log-entry"), outcome.notes
+    assert outcome.notes["entries"] == 1

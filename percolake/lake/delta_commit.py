@@ -30,6 +30,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from percolake.errors import FailedPrecondition, Unavailable
+from percolake.failpoints import fail_point
 from percolake.lake import storage
 from percolake.lake.log_entry import (
     add_action,
@@ -39,7 +40,13 @@ from percolake.lake.log_entry import (
     put_entry,
     remove_action,
 )
-from percolake.lake.schema_evolution import merged_schema
+from percolake.lake.schema_evolution import (
+    MAX_COLUMN_ID,
+    SchemaConflict,
+    column_mapping_problem,
+    max_column_id,
+    merged_schema,
+)
 from percolake.lake.table_features import (
     TableProtocol,
     partition_filters,
@@ -225,8 +232,10 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 if mode != "append":  # the write check refuses this before the commit point
                     raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
                                          "table with deletion vectors")
+                fail_point("before-log-entry")
                 if put_entry(write.table, table.version() + 1, _entry_actions(
                         write, actions, table, evolved, properties)):
+                    fail_point("after-log-entry")
                     table.update_incremental()
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 log.info("concurrent Delta commit; re-checking", extra={
@@ -267,12 +276,26 @@ def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
 
 def evolved_schema(table: DeltaTable, write: TableWriteRecord) -> str | None:
     """The schema a ``merge_schema`` write gives the table, None if it keeps the table's (no
-    new column, or an earlier apply or another writer added them already)."""
+    new column, or an earlier apply or another writer added them already).
+
+    Raises:
+        SchemaConflict: the write no longer merges into the table as it is now (an outside
+            writer changed a column's type, or took the column mapping ids of the new columns,
+            since the coordinator's check).
+    """
     if not write.merge_schema:
         return None
     current = table.schema().to_json()
-    merged = merged_schema(current, write.schema_json)
-    return None if json.loads(merged) == json.loads(current) else merged
+    configuration = table.metadata().configuration
+    mapped = (configuration.get("delta.columnMapping.mode") or "none") != "none"
+    merged = merged_schema(current, write.schema_json, column_mapping=mapped)
+    if json.loads(merged) == json.loads(current):
+        return None
+    if mapped:
+        problem = column_mapping_problem(current, merged, max_column_id(configuration, current))
+        if problem:
+            raise SchemaConflict(f"table {write.table}: {problem}")
+    return merged
 
 
 def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveAction],
@@ -285,7 +308,8 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
                          list(write.partition_by), properties.custom_metadata or {}, now),
              {"txn": {"appId": app.app_id, "version": app.version, "lastUpdated": now}},
-             metadata_action(table.metadata(), schema_json)]
+             metadata_action(table.metadata(), schema_json, _evolved_configuration(
+                 table.metadata().configuration, schema_json))]
     by_path = {f.path: f for f in write.add_files}
     for action in actions:
         if isinstance(action, RemoveAction):
@@ -294,6 +318,16 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
         else:
             entry.append(add_action(by_path[action.path]))
     return entry
+
+
+def _evolved_configuration(configuration: Mapping[str, str],
+                           schema_json: str) -> dict[str, str]:
+    """The configuration with a column-mapped table's maxColumnId raised to the new schema's
+    highest id, as delta-spark raises it."""
+    updated = dict(configuration)
+    if (configuration.get("delta.columnMapping.mode") or "none") != "none":
+        updated[MAX_COLUMN_ID] = str(max_column_id(configuration, schema_json))
+    return updated
 
 
 def _row_level_commit_info(write: TableWriteRecord) -> dict[str, object]:
@@ -550,6 +584,7 @@ class TableLayout(NamedTuple):
     protocol: TableProtocol = TableProtocol()  # the features it requires (table_features)
     constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
     column_mapping: str = "none"  # delta.columnMapping.mode
+    max_column_id: int = 0  # delta.columnMapping.maxColumnId (or the highest id it holds)
 
 
 CONSTRAINT_PREFIX = "delta.constraints."
@@ -574,9 +609,11 @@ def _layout_of(table: DeltaTable) -> TableLayout:
     constraints = tuple(sorted((key.removeprefix(CONSTRAINT_PREFIX), value)
                                for key, value in configuration.items()
                                if key.startswith(CONSTRAINT_PREFIX)))
-    return TableLayout(table.version(), table.schema().to_json(),
+    schema_json = table.schema().to_json()
+    return TableLayout(table.version(), schema_json,
                        list(metadata.partition_columns), append_only, protocol, constraints,
-                       configuration.get("delta.columnMapping.mode") or "none")
+                       configuration.get("delta.columnMapping.mode") or "none",
+                       max_column_id(configuration, schema_json))
 
 
 def commit_file(table_uri: str, version: int) -> Path:
