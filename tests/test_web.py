@@ -388,6 +388,9 @@ def test_leases_page_lists_live_leases_with_tables_versions_barrier_and_expiry(
     assert listed["tables"] == [{"table": t.table, "name": scene.DEBITS_NAME,
                                  "delta_version": t.delta_version} for t in lease.tables]
     assert f"<b>{scene.DEBITS_NAME}</b>" in get_html(scene.url + "/leases")
+    bank = f"{scene.url}/api/pipelines/{urllib.parse.quote(scene.bank)}"
+    assert get_json(bank)["table_names"] == {scene.debits: scene.DEBITS_NAME}
+    assert f"<b>{scene.DEBITS_NAME}</b>" in get_html(bank.replace("/api/", "/"))
     assert [t["table"] for t in listed["tables"]] == [scene.debits]
     assert listed["barrier_ts"] == lease.barrier_ts > 0
     assert listed["barrier"] == utc_time(wall_ms_of(lease.barrier_ts))
