@@ -346,3 +346,39 @@ def test_a_mapped_merge_whose_ids_an_outside_writer_took_is_not_applied(tmp_path
     with pytest.raises(SchemaConflict, match="'currency' has column mapping id 3"):
         apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
     assert DeltaTable(str(root)).version() == 1
+
+
+def test_a_mapped_merge_keys_its_adds_partition_values_by_physical_name(tmp_path):
+    """Found by the Spark test: the log entry's adds key partitionValues as the log does."""
+    root = tmp_path / "p"
+    (root / "_delta_log").mkdir(parents=True)
+    day = field("day", "string", True, {"delta.columnMapping.id": 2,
+                                        "delta.columnMapping.physicalName": "col-day"})
+    actions = [
+        {"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}},
+        {"metaData": {"id": "p", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema(MAPPED_ID, day), "partitionColumns": ["day"],
+                      "configuration": {"delta.columnMapping.mode": "name",
+                                        "delta.columnMapping.maxColumnId": "2"},
+                      "createdTime": 1}}]
+    (root / "_delta_log" / f"{0:020d}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in actions))
+    merged = json.loads(with_column_mapping(merged_schema(
+        schema(MAPPED_ID, day), schema(field("id", "long"), field("day", "string"),
+                                       field("currency", "string"))), 2))
+    currency = merged["fields"][2]["metadata"]["delta.columnMapping.physicalName"]
+    folder = root / "_percolake" / "txn-1"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"col-id": pa.array([1], pa.int64()), currency: ["EUR"]}),
+                   folder / "part-0.parquet")
+    add = AddFileRecord("_percolake/txn-1/part-0.parquet",
+                        (folder / "part-0.parquet").stat().st_size, {"day": "a"}, 0,
+                        json.dumps({"numRecords": 1}))
+    write = TableWriteRecord(f"file://{root}", WriteMode.APPEND, (add,), json.dumps(merged),
+                             ("day",), (), True)
+    WriteChecker().check(write)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    entry = [json.loads(line) for line in
+             (root / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    assert [a["add"]["partitionValues"] for a in entry if "add" in a] == [{"col-day": "a"}]
+    assert DeltaTable(str(root)).version() == version  # delta-rs reads the entry back

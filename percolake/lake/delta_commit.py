@@ -14,6 +14,7 @@ Their log entries are read through the object store (one GET each), never listed
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
@@ -315,8 +316,9 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
         if isinstance(action, RemoveAction):
             entry.append(remove_action(action.path, action.size or 0,
                                        action.partition_values or {}, now))
-        else:
-            entry.append(add_action(by_path[action.path]))
+        else:  # partition values as the action keys them (physical names if column-mapped)
+            entry.append(add_action(dataclasses.replace(
+                by_path[action.path], partition_values=dict(action.partition_values or {}))))
     return entry
 
 

@@ -188,7 +188,7 @@ def test_merge_schema_adds_columns_to_a_column_mapped_table_as_delta_spark_does(
 
     ours, theirs = last_metadata(path), last_metadata(copy)
     assert ours["configuration"]["delta.columnMapping.maxColumnId"] == \
-        theirs["configuration"]["delta.columnMapping.maxColumnId"] == "10"
+        theirs["configuration"]["delta.columnMapping.maxColumnId"] == "11"
     ours_ids = column_ids(json.loads(ours["schemaString"]))
     theirs_ids = column_ids(json.loads(theirs["schemaString"]))
     assert {p: i for p, (i, _) in ours_ids.items()} == {p: i for p, (i, _) in theirs_ids.items()}
