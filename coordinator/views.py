@@ -9,7 +9,7 @@ import argparse
 import datetime as dt
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coordinator.core.quarantine import RECOVERY_COMMAND
@@ -98,11 +98,17 @@ def pipeline_json(pipeline: pb.Pipeline) -> dict[str, Any]:
     }
 
 
-def topology_json(reply: pb.GetTopologyResponse) -> dict[str, Any]:
-    """The reply as ``--json`` prints it; barrier fields are null while not known."""
+def topology_json(reply: pb.GetTopologyResponse,
+                  names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The reply as ``--json`` prints it; barrier fields are null while not known. ``names``:
+    the catalog names of tables where known (``coordinator.table_names``), each table's
+    ``name`` (null where not known) and, for the pipelines' reads and writes, ``names``."""
+    names = names or {}
+
     def table(entry: pb.TopologyTable) -> dict[str, Any]:
         known = entry.HasField("completed_barrier_ts")
-        return {"table": entry.table, "writer": entry.writer, "readers": list(entry.readers),
+        return {"table": entry.table, "name": names.get(entry.table),
+                "writer": entry.writer, "readers": list(entry.readers),
                 "completed_barrier_ts": entry.completed_barrier_ts if known else None,
                 "completed_barrier_unix_ms":
                     entry.completed_barrier_unix_ms if known else None,
@@ -124,6 +130,7 @@ def topology_json(reply: pb.GetTopologyResponse) -> dict[str, Any]:
         "edges": [{"pipeline_id": e.pipeline_id, "table": e.table,
                    "kind": "reads" if e.kind == pb.EDGE_READS else "writes"}
                   for e in reply.edges],
+        "names": dict(names),
     }
 
 

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -29,6 +29,7 @@ from coordinator.leadership import CoreProvider, NotServing
 from coordinator.oracle import wall_ms_of
 from coordinator.servicer import CoordinatorServicer
 from coordinator.status_codes import status_for
+from coordinator.table_names import catalog_names
 from coordinator.views import (
     UNFINISHED,
     age_text,
@@ -189,19 +190,21 @@ def pipeline_view(reader: Reader, pipeline_id: str) -> dict[str, Any]:
     live = list(reader.transactions(pb.ListTransactionsRequest(
         pipeline_id=pipeline_id, states=UNFINISHED, page_size=MAX_LIMIT)))
     tables: list[str] = []
+    names: dict[str, str] = {}
     if pipeline["last_committed_batch_id"] is not None:
         for txn in reader.transactions(pb.ListTransactionsRequest(
                 pipeline_id=pipeline_id, generation=pipeline["generation"],
                 batch_id=pipeline["last_committed_batch_id"],
                 states=[pb.COMMITTED, pb.APPLIED])):
             tables = [t["table"] for t in txn["tables"]]
-    return {**pipeline, "tables": tables, "live_attempts": live}
+            names = {t["table"]: t["name"] for t in txn["tables"] if t["name"]}
+    return {**pipeline, "tables": tables, "table_names": names, "live_attempts": live}
 
 
 def topology_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
     """As ``topology --json``; ``table`` (repeatable) narrows it as GetTopology's ``tables``."""
-    return topology_json(reader.call("GetTopology",
-                                     pb.GetTopologyRequest(tables=_tables(query))))
+    reply = reader.call("GetTopology", pb.GetTopologyRequest(tables=_tables(query)))
+    return topology_json(reply, catalog_names(reader.call, [t.writer for t in reply.tables]))
 
 
 def leases_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -210,16 +213,36 @@ def leases_view(reader: Reader, query: dict[str, list[str]]) -> dict[str, Any]:
     tables = _tables(query)
     reply = reader.call("ListLeases", pb.ListLeasesRequest(tables=tables))
     now_ms = _now_ms()
+    names = _lease_names(reader, reply.leases)
     return {"tables": tables, "now_unix_ms": now_ms, "now": utc_time(now_ms),
-            "leases": [lease_json(lease, now_ms) for lease in reply.leases]}
+            "leases": [lease_json(lease, now_ms, names) for lease in reply.leases],
+            "names": names}
 
 
-def lease_json(lease: pb.Lease, now_ms: int) -> dict[str, Any]:
-    """A lease as /api/leases shows it: times as UTC too; ``lease_id`` null where hidden."""
+def _lease_names(reader: Reader, leases: Iterable[pb.Lease]) -> dict[str, str]:
+    """The catalog names of the leased tables where known; none for a caller that may not
+    describe their writers (the leases are shown all the same)."""
+    tables = sorted({t.table for lease in leases for t in lease.tables})
+    if not tables:
+        return {}
+    try:
+        topology = reader.call("GetTopology", pb.GetTopologyRequest(tables=tables))
+        return catalog_names(reader.call, [t.writer for t in topology.tables])
+    except WebError as exc:
+        if exc.status != 403:
+            raise
+        return {}
+
+
+def lease_json(lease: pb.Lease, now_ms: int,
+               names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A lease as /api/leases shows it: times as UTC too; ``lease_id`` null where hidden; each
+    table's catalog name where known (else null)."""
     barrier_ms = wall_ms_of(lease.barrier_ts)
+    names = names or {}
     return {"lease_id": lease.lease_id or None, "holder": lease.holder,
-            "tables": [{"table": t.table, "delta_version": t.delta_version}
-                       for t in lease.tables],
+            "tables": [{"table": t.table, "name": names.get(t.table),
+                        "delta_version": t.delta_version} for t in lease.tables],
             "barrier_ts": lease.barrier_ts, "barrier_unix_ms": barrier_ms,
             "barrier": utc_time(barrier_ms),
             "created_unix_ms": lease.created_unix_ms, "created": utc_time(lease.created_unix_ms),
@@ -368,7 +391,8 @@ def pipeline_html(pipeline: dict[str, Any]) -> str:
         ("last batch", _e(pipeline["last_committed_batch_id"])),
         ("last commit", _e(pipeline["last_commit"] or "(never)")),
         ("since last commit", _age(pipeline["seconds_since_last_commit"])),
-        ("tables", _e(", ".join(pipeline["tables"]) or "(none)")),
+        ("tables", "<br>".join(_table_cell(t, pipeline["table_names"])
+                               for t in pipeline["tables"]) or _e("(none)")),
         ("transactions", _link("/transactions?pipeline=" + urllib.parse.quote(
             pipeline["pipeline_id"], safe=""), "all of this pipeline's"))])
     resets = _table(["From generation", "To generation", "When (UTC)", "Reason"],
@@ -408,8 +432,10 @@ def _pipeline_links(pipeline_ids: list[str]) -> str:
     return ", ".join(_pipeline_link(p) for p in pipeline_ids) or _e("-")
 
 
-def _table_cell(table: str) -> str:
-    return f"<code>{_e(table)}</code>"
+def _table_cell(table: str, names: Mapping[str, str] | None = None) -> str:
+    """A table's location, and its catalog name where known."""
+    name = (names or {}).get(table)
+    return f"<code>{_e(table)}</code>" + (f" <b>{_e(name)}</b>" if name else "")
 
 
 def _barrier(ts: int | None, utc: str | None = None, unknown: str = "(not known yet)") -> str:
@@ -429,15 +455,16 @@ def topology_html(topology: dict[str, Any]) -> str:
          "Last input barrier (UTC)"],
         [[_pipeline_link(p["pipeline_id"]), _e(p["generation"]),
           _e("root" if p["root"] else "downstream"),
-          "<br>".join(_table_cell(t) for t in p["reads"]) or _e("-"),
-          "<br>".join(_table_cell(t) for t in p["writes"]) or _e("-"),
+          "<br>".join(_table_cell(t, topology["names"]) for t in p["reads"]) or _e("-"),
+          "<br>".join(_table_cell(t, topology["names"]) for t in p["writes"]) or _e("-"),
           _e(delay_text(p["own_delay_ms"])), _e(delay_text(p["end_to_end_delay_ms"])),
           _e("-") if p["root"] else _barrier(p["last_input_barrier_ts"], unknown="(none yet)")]
          for p in topology["pipelines"]], "no pipelines")
     tables = _table(
         ["Table", "Writer", "Readers", "Completed barrier (UTC)", "Delay", "Bottleneck",
          ""],
-        [[_table_cell(t["table"]), _pipeline_links([t["writer"]] if t["writer"] else []),
+        [[_table_cell(t["table"], topology["names"]),
+          _pipeline_links([t["writer"]] if t["writer"] else []),
           _pipeline_links(t["readers"]),
           _barrier(t["completed_barrier_ts"], t["completed_barrier"]),
           _e(delay_text(t["delay_ms"])),
@@ -455,7 +482,8 @@ def topology_html(topology: dict[str, Any]) -> str:
 
 def leases_html(leases: dict[str, Any]) -> str:
     rows = [[_e(lease["lease_id"] or "(hidden: another principal's)"), _e(lease["holder"]),
-             "<br>".join(f"{_table_cell(t['table'])} v{_e(t['delta_version'])}"
+             "<br>".join(f"{_table_cell(t['table'], leases['names'])} "
+                         f"v{_e(t['delta_version'])}"
                          for t in lease["tables"]),
              _barrier(lease["barrier_ts"], lease["barrier"]), _e(lease["created"]),
              _e(lease["expires"]) + _e(f" (in {age_text(lease['expires_in_s'])})")]

@@ -3,17 +3,27 @@
 mapping id as the Parquet field id; partition values keyed by physical names (Delta's log keys
 them so). Readers find a column by physical name (``name``) or field id (``id``): a file with the
 logical names reads back as nulls.
+
+A ``merge_schema`` write that adds columns gets them ids and physical names here, before its
+files are written (``ColumnMapping.evolved``); the write intent then carries the merged schema,
+which the coordinator checks and the apply commits (``percolake.lake.schema_evolution``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from percolake.lake.schema_evolution import (
+    SchemaConflict,
+    added_columns,
+    merged_schema,
+    with_column_mapping,
+)
 from percolake.lake.table_features import physical_names, physical_schema
 from percolake.records import PartitionValues
 
@@ -25,7 +35,9 @@ class ColumnMapping:
     """A column-mapped table's physical names and field ids (from its schema)."""
 
     def __init__(self, table_schema_json: str) -> None:
-        self.physical = physical_schema(json.loads(table_schema_json))
+        self.schema_json = table_schema_json
+        self.logical = json.loads(table_schema_json)
+        self.physical = physical_schema(self.logical)
         self.names = physical_names(table_schema_json)  # top level: logical -> physical
         self._logical = {p: n for n, p in self.names.items()}
 
@@ -36,16 +48,33 @@ class ColumnMapping:
             return None
         return cls(layout.schema_json)
 
+    @classmethod
+    def evolved(cls, layout: TableLayout, batch_json: str) -> ColumnMapping | None:
+        """The mapping of the table's schema merged with a ``merge_schema`` batch's new
+        columns, each with an id above the table's maxColumnId and a physical name (as
+        delta-spark assigns them); None if the batch adds no column. Its ``schema_json`` is
+        the schema the write intent carries."""
+        if not added_columns(layout.schema_json, batch_json):
+            return None
+        try:  # the batch's own field metadata is left out: only the ids assigned here count
+            merged = merged_schema(layout.schema_json, batch_json)
+        except SchemaConflict:
+            return None  # the schema check refuses the batch, naming the columns
+        return cls(with_column_mapping(merged, layout.max_column_id))
+
     def frame(self, df: DataFrame) -> DataFrame:
-        """``df`` (the table's columns, any order) with physical names and field ids."""
+        """``df`` (the table's columns, any order; nested struct fields matched by name, a
+        missing one null) with physical names and field ids."""
+        logical = {f["name"]: f for f in self.logical["fields"]}
         fields = {f["name"]: f for f in self.physical["fields"]}
         columns: list[Column] = []
-        for name in df.columns:
-            field = fields[self.names[name]]
+        for source in df.schema.fields:
+            field = fields[self.names[source.name]]
             data_type = T.StructField.fromJson(field).dataType
-            column = F.col("`" + name.replace("`", "``") + "`")
+            column = F.col("`" + source.name.replace("`", "``") + "`")
             if not isinstance(field["type"], str):  # renames nested fields, with their ids
-                column = column.cast(data_type)
+                column = by_name(column, source.dataType,
+                                 logical[source.name]["type"]).cast(data_type)
             columns.append(column.alias(field["name"], metadata=field["metadata"]))
         return df.select(*columns)
 
@@ -55,3 +84,48 @@ class ColumnMapping:
     def logical_values(self, values: PartitionValues) -> dict[str, str | None]:
         """Partition values keyed by physical name, keyed by column name."""
         return {self._logical.get(k, k): v for k, v in values.items()}
+
+
+def by_name(column: Column, source: T.DataType, target: Any) -> Column:
+    """``column`` (of Spark type ``source``) with its struct fields, nested ones too, in the
+    order of the Delta type ``target`` (parsed JSON), matched by name; a field ``target`` has
+    and ``source`` lacks is null. Unchanged where the names already line up, so that a cast to
+    ``target``'s physical type (which goes by position) renames each field to its own."""
+    if _names(source) == _names(_spark_type(target)):
+        return column
+    if isinstance(source, T.StructType) and _kind(target) == "struct":
+        given = {f.name: f for f in source.fields}
+        parts = []
+        for field in target["fields"]:
+            found = given.get(field["name"])
+            parts.append((F.lit(None).cast(_spark_type(field["type"])) if found is None
+                          else by_name(column.getField(found.name), found.dataType,
+                                       field["type"])).alias(field["name"]))
+        return F.when(column.isNull(), F.lit(None)).otherwise(F.struct(*parts))
+    if isinstance(source, T.ArrayType) and _kind(target) == "array":
+        return F.transform(column, lambda element: by_name(element, source.elementType,
+                                                            target["elementType"]))
+    if isinstance(source, T.MapType) and _kind(target) == "map":
+        return F.transform_values(column, lambda _, value: by_name(value, source.valueType,
+                                                                   target["valueType"]))
+    return column
+
+
+def _kind(delta_type: Any) -> str | None:
+    return delta_type.get("type") if isinstance(delta_type, dict) else None
+
+
+def _spark_type(delta_type: Any) -> T.DataType:
+    return T.StructField.fromJson({"name": "x", "type": delta_type, "nullable": True,
+                                   "metadata": {}}).dataType
+
+
+def _names(data_type: T.DataType) -> Any:
+    """The nested field names of a Spark type, in order."""
+    if isinstance(data_type, T.StructType):
+        return tuple((f.name, _names(f.dataType)) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return ("array", _names(data_type.elementType))
+    if isinstance(data_type, T.MapType):
+        return ("map", _names(data_type.keyType), _names(data_type.valueType))
+    return None

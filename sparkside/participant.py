@@ -188,6 +188,10 @@ class BatchTransaction:
             use_object_store_settings(df.sparkSession)
         df = conform_batch(df, layout, canonical, self.batch_id)
         schema_json = delta_schema_json(df)
+        if merge_schema and mapping is not None:  # new columns: ids and physical names now
+            evolved = ColumnMapping.evolved(layout, schema_json)
+            if evolved is not None:
+                mapping, schema_json = evolved, evolved.schema_json
         partitions = check_layout(layout, canonical, schema_json, list(partition_by or []),
                                   mode, self.batch_id, merge_schema)
         self._tables.append(canonical)

@@ -50,16 +50,20 @@ from sparkside.delta_log import TableLog
 from sparkside.errors import BatchRefused, InvalidRequest
 from sparkside.session import run_executors_on_driver_python
 from sparkside.source_files import FilePartition, read_file
+from sparkside.source_names import FORMAT
+from sparkside.source_names import install as install_name_resolution
 
-FORMAT = "percolake"
 REGISTER_ATTEMPTS = 3
 NEW_COLUMNS = ("fail", "ignore")  # the source's new_columns option: upstream columns added later
 
 
 def register(spark: SparkSession) -> None:
     """Registers the ``percolake`` streaming source on ``spark`` (once per session); its
-    planner and readers run the driver's Python unless the user chose another."""
+    planner and readers run the driver's Python unless the user chose another. A catalog
+    name given to its ``load`` is resolved to the table's location on the driver
+    (``sparkside.source_names``)."""
     run_executors_on_driver_python(spark.sparkContext)
+    install_name_resolution()
     spark.dataSource.register(PercolakeDataSource)
 
 
@@ -120,9 +124,11 @@ class SourceOptions:
                              '.option("pipeline", "<reading pipeline>").load("<table>")')
         if is_table_name(str(table)):
             raise ValueError(
-                f"the percolake source takes a table's path or URI, not the catalog name "
-                f"{table!r}: its planner runs in a Python worker, without the session's "
-                f"catalog. Load it by location: .load(sparkside.resolve_table(spark, {table!r}))")
+                f"the percolake source got the catalog name {table!r} unresolved: its planner "
+                "runs in a Python worker, without the session's catalog, and names are "
+                "resolved on the driver by the readers of a session on which "
+                "sparkside.register(spark) was called. Call it before readStream, or load the "
+                f"table by location: .load(sparkside.resolve_table(spark, {table!r}))")
         new_columns = str(options.get("new_columns", "fail")).lower()
         if new_columns not in NEW_COLUMNS:
             raise ValueError(f"option new_columns must be one of {NEW_COLUMNS}, got "

@@ -30,8 +30,8 @@ COORDINATOR_LAYERS: Layers = (
                               "principal", "metrics", "logs"})),
     ("store", frozenset({"store", "oracle"})),
     ("core", frozenset({"core"})),
-    ("service", frozenset({"auth", "leadership", "servicer", "limits", "tls", "views", "web",
-                           "http_serving", "metrics_endpoint", "server"})),
+    ("service", frozenset({"auth", "leadership", "servicer", "limits", "tls", "views",
+                           "table_names", "web", "http_serving", "metrics_endpoint", "server"})),
     ("command line", frozenset({"cli", "__main__", "launcher"})),
 )
 

@@ -22,6 +22,7 @@ from tests.daemon_support import apply_all, canonical, table_write, unique, wait
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT = Path(sys.executable).parent / "percolake-coordinator"
 STUCK_QUERY, DONE_QUERY = (str(uuid.uuid4()) for _ in range(2))
+DONE_NAME = "sales.done"
 
 
 def cli(*args: str, program: list[str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -67,9 +68,11 @@ class Scene:
         self.done_epoch = stub.RegisterPipeline(pb.RegisterPipelineRequest(
             pipeline_id=self.done_pipeline, query_id=DONE_QUERY), timeout=30).pipeline.epoch
         done = self._open(self.done_pipeline, epoch=self.done_epoch, query_id=DONE_QUERY)
+        write = table_write(self.done_table, done, files=2, rows=3)
+        write.catalog_name = DONE_NAME  # written by its catalog name
         stub.CommitTransaction(pb.CommitTransactionRequest(
-            txn_id=done, epoch=self.done_epoch, tables=[self.done_table],
-            writes=[table_write(self.done_table, done, files=2, rows=3)]), timeout=30)
+            txn_id=done, epoch=self.done_epoch, tables=[self.done_table], writes=[write]),
+            timeout=30)
         versions = apply_all(stub, done)
         self.done_version = stub.ReportApplied(pb.ReportAppliedRequest(
             txn_id=done, epoch=self.done_epoch, tables=[
@@ -223,11 +226,13 @@ def test_pipelines_list(scene):
 def test_pipelines_describe_shows_tables_and_live_attempt(scene):
     done = as_json("pipelines", "describe", scene.done_pipeline, "--target", scene.target)
     assert done["tables"] == [canonical(scene.done_table)]
+    assert done["table_names"] == {canonical(scene.done_table): DONE_NAME}
     assert done["last_committed_batch_id"] == 0 and done["live_attempts"] == []
     live = as_json("pipelines", "describe", scene.live_pipeline, "--target", scene.target)
     assert [t["txn_id"] for t in live["live_attempts"]] == [scene.live]
     text = ok("pipelines", "describe", scene.done_pipeline, "--target", scene.target)
-    for expected in (DONE_QUERY, canonical(scene.done_table), "last batch", "live attempts"):
+    for expected in (DONE_QUERY, f"{canonical(scene.done_table)} ({DONE_NAME})", "last batch",
+                     "live attempts"):
         assert expected in text
 
 

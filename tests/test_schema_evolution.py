@@ -22,7 +22,14 @@ from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import delta_commit, log_entry
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.delta_commit import apply_table_write, table_layout
-from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
+from percolake.lake.schema_evolution import (
+    SchemaConflict,
+    added_columns,
+    column_mapping_problem,
+    max_column_id,
+    merged_schema,
+    with_column_mapping,
+)
 from percolake.lake.write_check import WriteChecker
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 from sparkside.catalog import is_table_name, resolve_table
@@ -227,3 +234,151 @@ def test_names_and_paths_are_told_apart_and_the_source_refuses_a_name_saying_wha
         resolve_table(None, "sales.orders")
     with pytest.raises(ValueError, match=r"resolve_table\(spark, 'sales.orders'\)"):
         SourceOptions.of({"path": "sales.orders", "coordinator": "h:1", "pipeline": "p"})
+
+
+# ---------------------------------------------------------------- column-mapped tables
+
+MAPPED_ID = field("id", "long", True, {"delta.columnMapping.id": 1,
+                                       "delta.columnMapping.physicalName": "col-id"})
+
+
+def mapped_table(root: Path, max_column_id: int = 2) -> Path:
+    """A column-mapped table (mode name) as delta-spark logs one: id is ``col-id``; a dropped
+    column once held id 2, so maxColumnId is above the highest id left."""
+    (root / "_delta_log").mkdir(parents=True)
+    data = pa.table({"col-id": pa.array([1], pa.int64())})
+    pq.write_table(data, root / "part-0.parquet")
+    actions = [
+        {"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}},
+        {"metaData": {"id": "mapped", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema(MAPPED_ID), "partitionColumns": [],
+                      "configuration": {"delta.columnMapping.mode": "name",
+                                        "delta.columnMapping.maxColumnId": str(max_column_id)},
+                      "createdTime": 1}},
+        {"add": {"path": "part-0.parquet", "partitionValues": {},
+                 "size": (root / "part-0.parquet").stat().st_size, "modificationTime": 1,
+                 "dataChange": True, "stats": '{"numRecords":1}'}}]
+    (root / "_delta_log" / f"{0:020d}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in actions))
+    return root
+
+
+def mapped_write(root: Path, merged: str) -> TableWriteRecord:
+    """A merge_schema write of (id, currency, n.q) whose file carries the physical names."""
+    fields = {f["name"]: f["metadata"] for f in json.loads(merged)["fields"]}
+    physical = {name: meta.get("delta.columnMapping.physicalName", name)
+                for name, meta in fields.items()}
+    nested = json.loads(merged)["fields"][2]["type"]["fields"][0]["metadata"] \
+        .get("delta.columnMapping.physicalName", "q")
+    folder = root / "_percolake" / "txn-1"
+    folder.mkdir(parents=True, exist_ok=True)
+    data = pa.table({physical["id"]: pa.array([2], pa.int64()),
+                     physical["currency"]: pa.array(["EUR"]),
+                     physical["n"]: pa.array([{nested: 7}])})
+    path = folder / "part-0.parquet"
+    pq.write_table(data, path)
+    add = AddFileRecord(path.relative_to(root).as_posix(), path.stat().st_size, {}, 0,
+                        json.dumps({"numRecords": 1}))
+    return TableWriteRecord(f"file://{root}", WriteMode.APPEND, (add,), merged, (), (), True)
+
+
+def batch_with_new_columns() -> str:
+    return schema(field("id", "long"), field("currency", "string"),
+                  field("n", {"type": "struct", "fields": [field("q", "integer")]}))
+
+
+def test_new_columns_of_a_mapped_table_get_ids_above_max_column_id_in_pre_order():
+    merged = merged_schema(schema(MAPPED_ID), batch_with_new_columns())
+    mapped = json.loads(with_column_mapping(merged, 2))
+    ids = {f["name"]: f["metadata"]["delta.columnMapping.id"] for f in mapped["fields"]}
+    assert ids == {"id": 1, "currency": 3, "n": 4}  # as delta-spark numbers them
+    nested = mapped["fields"][2]["type"]["fields"][0]["metadata"]
+    assert nested["delta.columnMapping.id"] == 5
+    names = [f["metadata"]["delta.columnMapping.physicalName"] for f in mapped["fields"]]
+    assert names[0] == "col-id" and all(n.startswith("col-") for n in names)
+    assert len(set(names)) == 3
+    assert max_column_id({"delta.columnMapping.maxColumnId": "2"}, json.dumps(mapped)) == 5
+    assert column_mapping_problem(schema(MAPPED_ID), json.dumps(mapped), 2) is None
+
+
+def test_the_check_refuses_new_mapped_columns_without_ids_or_with_ids_the_table_used(tmp_path):
+    root = mapped_table(tmp_path / "m")
+    checker = WriteChecker()
+    merged = merged_schema(schema(MAPPED_ID), batch_with_new_columns())
+    with pytest.raises(FailedPrecondition, match="'currency' has no column mapping id"):
+        checker.check(mapped_write(root, merged))
+    reused = with_column_mapping(merged, 1)  # id 2 was a dropped column's
+    with pytest.raises(FailedPrecondition, match="'currency' has column mapping id 2, not "
+                                                 "above the table's maxColumnId 2"):
+        checker.check(mapped_write(root, reused))
+    checker.check(mapped_write(root, with_column_mapping(merged, 2)))
+
+
+def test_a_merge_write_to_a_mapped_table_commits_the_new_mapping_and_raises_max_column_id(
+        tmp_path):
+    root = mapped_table(tmp_path / "m")
+    merged = with_column_mapping(merged_schema(schema(MAPPED_ID), batch_with_new_columns()), 2)
+    write = mapped_write(root, merged)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    entry = [json.loads(line) for line in
+             (root / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    metadata = next(a["metaData"] for a in entry if "metaData" in a)
+    assert metadata["configuration"] == {"delta.columnMapping.mode": "name",
+                                         "delta.columnMapping.maxColumnId": "5"}
+    assert json.loads(metadata["schemaString"]) == json.loads(merged)
+    layout = table_layout(f"file://{root}")
+    assert layout.max_column_id == 5 and layout.schema_json
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1",
+                             commit_ts=7) == version  # once
+
+
+def test_a_mapped_merge_whose_ids_an_outside_writer_took_is_not_applied(tmp_path):
+    root = mapped_table(tmp_path / "m")
+    merged = with_column_mapping(merged_schema(schema(MAPPED_ID), batch_with_new_columns()), 2)
+    write = mapped_write(root, merged)
+    WriteChecker().check(write)
+    taken = [{"metaData": {"id": "mapped", "format": {"provider": "parquet", "options": {}},
+                           "schemaString": schema(MAPPED_ID), "partitionColumns": [],
+                           "configuration": {"delta.columnMapping.mode": "name",
+                                             "delta.columnMapping.maxColumnId": "3"},
+                           "createdTime": 1}}]  # ADD then DROP COLUMN by delta-spark
+    assert log_entry.put_entry(f"file://{root}", 1, taken)
+    with pytest.raises(SchemaConflict, match="'currency' has column mapping id 3"):
+        apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    assert DeltaTable(str(root)).version() == 1
+
+
+def test_a_mapped_merge_keys_its_adds_partition_values_by_physical_name(tmp_path):
+    """Found by the Spark test: the log entry's adds key partitionValues as the log does."""
+    root = tmp_path / "p"
+    (root / "_delta_log").mkdir(parents=True)
+    day = field("day", "string", True, {"delta.columnMapping.id": 2,
+                                        "delta.columnMapping.physicalName": "col-day"})
+    actions = [
+        {"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}},
+        {"metaData": {"id": "p", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema(MAPPED_ID, day), "partitionColumns": ["day"],
+                      "configuration": {"delta.columnMapping.mode": "name",
+                                        "delta.columnMapping.maxColumnId": "2"},
+                      "createdTime": 1}}]
+    (root / "_delta_log" / f"{0:020d}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in actions))
+    merged = json.loads(with_column_mapping(merged_schema(
+        schema(MAPPED_ID, day), schema(field("id", "long"), field("day", "string"),
+                                       field("currency", "string"))), 2))
+    currency = merged["fields"][2]["metadata"]["delta.columnMapping.physicalName"]
+    folder = root / "_percolake" / "txn-1"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"col-id": pa.array([1], pa.int64()), currency: ["EUR"]}),
+                   folder / "part-0.parquet")
+    add = AddFileRecord("_percolake/txn-1/part-0.parquet",
+                        (folder / "part-0.parquet").stat().st_size, {"day": "a"}, 0,
+                        json.dumps({"numRecords": 1}))
+    write = TableWriteRecord(f"file://{root}", WriteMode.APPEND, (add,), json.dumps(merged),
+                             ("day",), (), True)
+    WriteChecker().check(write)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    entry = [json.loads(line) for line in
+             (root / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    assert [a["add"]["partitionValues"] for a in entry if "add" in a] == [{"col-day": "a"}]
+    assert DeltaTable(str(root)).version() == version  # delta-rs reads the entry back

@@ -24,6 +24,7 @@ import pytest
 
 from coordinator.launcher import DaemonProcess
 from coordinator.oracle import wall_ms_of
+from coordinator.table_names import catalog_names
 from coordinator.views import topology_json, utc_time
 from percolake.barriers import barrier_at_or_below
 from percolake.v1 import coordinator_pb2 as pb
@@ -130,6 +131,7 @@ class TopologyScene:
     and a lease on ``debits``."""
 
     INTERVAL_MS = 200
+    DEBITS_NAME = "sales.debits"  # the catalog name bank wrote debits by
 
     def __init__(self, daemon: Any, port: int) -> None:
         self.daemon = daemon
@@ -139,7 +141,7 @@ class TopologyScene:
         self.evil_reader = unique(EVIL)
         self.debits, self.out, self.held = (canonical(daemon.warehouse / unique(name))
                                             for name in ("debits", "out", "held"))
-        self._write(self.bank, self.debits, apply=True)
+        self._write(self.bank, self.debits, apply=True, catalog_name=self.DEBITS_NAME)
         for reader in (self.ledger, self.evil_reader):
             stub.RegisterReads(pb.RegisterReadsRequest(pipeline_id=reader,
                                                        tables=[self.debits]), timeout=30)
@@ -153,12 +155,15 @@ class TopologyScene:
         self.lease = stub.GetSnapshot(pb.GetSnapshotRequest(
             tables=[self.debits], lease_ms=3_600_000, lease_holder=EVIL), timeout=30).lease
 
-    def _write(self, pipeline: str, table: str, apply: bool) -> pb.Transaction:
+    def _write(self, pipeline: str, table: str, apply: bool,
+               catalog_name: str = "") -> pb.Transaction:
         stub = self.daemon.stub
         txn_id = stub.OpenTransaction(pb.OpenTransactionRequest(
             pipeline_id=pipeline, batch_id=0, tables=[table]), timeout=30).transaction.txn_id
+        write = table_write(table, txn_id)
+        write.catalog_name = catalog_name
         stub.CommitTransaction(pb.CommitTransactionRequest(
-            txn_id=txn_id, tables=[table], writes=[table_write(table, txn_id)]), timeout=30)
+            txn_id=txn_id, tables=[table], writes=[write]), timeout=30)
         if apply:
             stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn_id, tables=[
                 pb.AppliedTable(table=t, delta_version=v)
@@ -292,9 +297,15 @@ def test_api_topology_is_the_clis_json_of_the_same_view(topology_scene):
     for query, request in (("", pb.GetTopologyRequest()),
                            (f"?table={urllib.parse.quote(scene.out)}",
                             pb.GetTopologyRequest(tables=[scene.out]))):
-        before = topology_json(scene.daemon.stub.GetTopology(request, timeout=30))
+        def cli_json(request: pb.GetTopologyRequest = request) -> dict:  # as the CLI's
+            def call(name: str, message: object) -> object:
+                return getattr(scene.daemon.stub, name)(message, timeout=30)
+            reply = call("GetTopology", request)
+            return topology_json(reply, catalog_names(call, [t.writer for t in reply.tables]))
+
+        before = cli_json()
         shown = get_json(scene.url + "/api/topology" + query)
-        after = topology_json(scene.daemon.stub.GetTopology(request, timeout=30))
+        after = cli_json()
         assert _without_time(shown) == _without_time(before) == _without_time(after)
         assert before["now_ts"] <= shown["now_ts"] <= after["now_ts"]
     tables = {t["table"]: t for t in shown["tables"]}
@@ -324,8 +335,13 @@ def test_topology_page_shows_tables_writers_readers_barriers_and_delays(topology
     def link(pipeline: str) -> str:
         return f'<a href="/pipelines/{urllib.parse.quote(pipeline, safe="")}">{pipeline}</a>'
 
-    debits = _row_cells(body, "Tables", f"<code>{scene.debits}</code>")
+    # debits shows the catalog name bank's last batch wrote it by; held, written by path, none
+    debits = _row_cells(body, "Tables",
+                        f"<code>{scene.debits}</code> <b>{scene.DEBITS_NAME}</b>")
     assert debits[1] == link(scene.bank)
+    assert before["name"] is None
+    shown = {t["table"]: t["name"] for t in get_json(scene.url + "/api/topology")["tables"]}
+    assert shown[scene.debits] == scene.DEBITS_NAME
     assert link(scene.ledger) in debits[2] and "&lt;script&gt;" in debits[2]
     assert "ts " in debits[3] and debits[4].endswith("s")
     out = _row_cells(body, "Tables", f"<code>{scene.out}</code>")
@@ -342,13 +358,15 @@ def test_topology_page_shows_tables_writers_readers_barriers_and_delays(topology
     assert row[5].startswith(link(scene.stuck))  # the only pipeline on its way: the bottleneck
     # pipelines: kind, reads, writes, delays, and the downstream one's last input barrier
     ledger = _row_cells(body, "Pipelines", link(scene.ledger))
-    assert ledger[2:5] == ["downstream", f"<code>{scene.debits}</code>",
+    assert ledger[2:5] == ["downstream",
+                           f"<code>{scene.debits}</code> <b>{scene.DEBITS_NAME}</b>",
                            f"<code>{scene.out}</code>"]
     assert ledger[5].endswith("s") and ledger[6].endswith("s")
     assert ledger[7] == (f"{utc_time(wall_ms_of(scene.input_barrier))}<br>"
                          f"<small>ts {scene.input_barrier}</small>")
     bank = _row_cells(body, "Pipelines", link(scene.bank))
-    assert bank[2:5] == ["root", "-", f"<code>{scene.debits}</code>"] and bank[7] == "-"
+    assert bank[2:5] == ["root", "-", f"<code>{scene.debits}</code> <b>{scene.DEBITS_NAME}</b>"]
+    assert bank[7] == "-"
     assert 'href="/topology"' in body and 'href="/leases"' in body  # in the navigation
 
 
@@ -367,8 +385,12 @@ def test_leases_page_lists_live_leases_with_tables_versions_barrier_and_expiry(
     shown = get_json(scene.url + "/api/leases")
     (listed,) = [entry for entry in shown["leases"] if entry["lease_id"] == lease.lease_id]
     assert listed["holder"] == EVIL
-    assert listed["tables"] == [{"table": t.table, "delta_version": t.delta_version}
-                                for t in lease.tables]
+    assert listed["tables"] == [{"table": t.table, "name": scene.DEBITS_NAME,
+                                 "delta_version": t.delta_version} for t in lease.tables]
+    assert f"<b>{scene.DEBITS_NAME}</b>" in get_html(scene.url + "/leases")
+    bank = f"{scene.url}/api/pipelines/{urllib.parse.quote(scene.bank)}"
+    assert get_json(bank)["table_names"] == {scene.debits: scene.DEBITS_NAME}
+    assert f"<b>{scene.DEBITS_NAME}</b>" in get_html(bank.replace("/api/", "/"))
     assert [t["table"] for t in listed["tables"]] == [scene.debits]
     assert listed["barrier_ts"] == lease.barrier_ts > 0
     assert listed["barrier"] == utc_time(wall_ms_of(lease.barrier_ts))

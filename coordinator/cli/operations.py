@@ -15,6 +15,7 @@ from typing import Any
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
 from coordinator.oracle import LOGICAL_BITS
+from coordinator.table_names import named, names_in
 from coordinator.views import (
     UNFINISHED,
     age_text,
@@ -246,13 +247,15 @@ def _pipelines_describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]
     live = [txn_json(t) for t in _transactions(call, pb.ListTransactionsRequest(
         pipeline_id=args.pipeline_id, states=UNFINISHED, page_size=1000))]
     tables: list[str] = []
+    names: dict[str, str] = {}
     if pipeline["last_committed_batch_id"] is not None:
         for txn in _transactions(call, pb.ListTransactionsRequest(
                 pipeline_id=args.pipeline_id, generation=pipeline["generation"],
                 batch_id=pipeline["last_committed_batch_id"],
                 states=[pb.COMMITTED, pb.APPLIED])):
             tables = [p.table for p in txn.participants]
-    result = {**pipeline, "tables": tables, "live_attempts": live}
+            names = names_in([txn])
+    result = {**pipeline, "tables": tables, "table_names": names, "live_attempts": live}
     lines = [f"pipeline            {pipeline['pipeline_id']}",
              f"generation          {pipeline['generation']}",
              f"epoch               {pipeline['epoch']}",
@@ -262,7 +265,7 @@ def _pipelines_describe(args: argparse.Namespace, call: Call) -> tuple[Any, str]
              f"last commit         {pipeline['last_commit'] or '(never)'}"
              + (f" ({age_text(pipeline['seconds_since_last_commit'])} ago)"
                 if pipeline["last_commit"] else ""),
-             f"tables              {', '.join(tables) or '(none)'}"]
+             f"tables              {', '.join(named(t, names) for t in tables) or '(none)'}"]
     lines.append("live attempts       " + ("(none)" if not live else ", ".join(
         f"{t['txn_id']} batch {t['batch_id']} attempt {t['attempt']} {t['state']} "
         f"age {age_text(t['age_s'])}" for t in live)))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
+from coordinator.table_names import catalog_names, named
 from coordinator.views import delay_text, topology_json
 from percolake.v1 import coordinator_pb2 as pb
 
@@ -33,25 +34,29 @@ def add_command(commands: Any, default_target: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def work(call: Call) -> str:
-        result = topology_json(call("GetTopology", pb.GetTopologyRequest()))
+        reply = call("GetTopology", pb.GetTopologyRequest())
+        result = topology_json(reply, catalog_names(call, [t.writer for t in reply.tables]))
         return json.dumps(result) if args.json else render(result)
 
     return run_calls("topology", args, work)
 
 
 def render(result: dict[str, Any]) -> str:
-    """Two readable tables: pipelines, then tables."""
+    """Two readable tables: pipelines, then tables (each with its catalog name where
+    known)."""
     if not result["pipelines"] and not result["tables"]:
         return "no pipelines"
+    names = result["names"]
     pipelines = _columns(
         ["PIPELINE", "GEN", "KIND", "READS", "WRITES", "OWN DELAY", "END-TO-END"],
         [[p["pipeline_id"], str(p["generation"]), "root" if p["root"] else "downstream",
-          ", ".join(p["reads"]) or "-", ", ".join(p["writes"]) or "-",
+          ", ".join(named(t, names) for t in p["reads"]) or "-",
+          ", ".join(named(t, names) for t in p["writes"]) or "-",
           delay_text(p["own_delay_ms"]), delay_text(p["end_to_end_delay_ms"])]
          for p in result["pipelines"]])
     tables = _columns(
         ["TABLE", "WRITER", "READERS", "COMPLETED BARRIER (UTC)", "DELAY", "BOTTLENECK"],
-        [[t["table"], t["writer"] or "-", ", ".join(t["readers"]) or "-",
+        [[named(t["table"], names), t["writer"] or "-", ", ".join(t["readers"]) or "-",
           t["completed_barrier"] or "(not known yet)", delay_text(t["delay_ms"]),
           "" if t["bottleneck_pipeline"] is None
           else f"{t['bottleneck_pipeline']} ({delay_text(t['bottleneck_delay_ms'])})"]

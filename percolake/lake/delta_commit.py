@@ -45,7 +45,13 @@ from percolake.lake.log_entry import (
     put_entry,
     remove_action,
 )
-from percolake.lake.schema_evolution import merged_schema
+from percolake.lake.schema_evolution import (
+    MAX_COLUMN_ID,
+    SchemaConflict,
+    column_mapping_problem,
+    max_column_id,
+    merged_schema,
+)
 from percolake.lake.table_cache import DeltaTables
 from percolake.lake.table_features import (
     TableProtocol,
@@ -247,14 +253,9 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 evolved = evolved_schema(table, write)
                 if evolved is not None:  # MERGE withSchemaEvolution: columns and data at once
                     entry.insert(2, metadata_action(table.metadata(), evolved))
-                fail_point("before-row-level-entry", app_version)
-                if put_entry(write.table, table.version() + 1, entry):
-                    fail_point("after-row-level-entry", app_version)
-                    table.update_incremental()
+                if _put_own_entry(table, write.table, entry, "row-level-entry", app_version):
                     return _version_of(table, txn_id, app_id, app_version, write.table)
-                log.info("concurrent Delta commit; re-checking", extra={
-                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
-                time.sleep(min(0.05 * 2**attempt, 1.0))
+                _lost_race_pause(write.table, txn_id, attempt)
                 continue
             mode, actions, filters = _write_actions(table, write, layout)
             evolved = evolved_schema(table, write)
@@ -262,13 +263,10 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 if mode != "append":  # the write check refuses this before the commit point
                     raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
                                          "table with deletion vectors")
-                if put_entry(write.table, table.version() + 1, _entry_actions(
-                        write, actions, table, evolved, properties)):
-                    table.update_incremental()
+                entry = _entry_actions(write, actions, table, evolved, properties)
+                if _put_own_entry(table, write.table, entry, "log-entry", app_version):
                     return _version_of(table, txn_id, app_id, app_version, write.table)
-                log.info("concurrent Delta commit; re-checking", extra={
-                    "table": write.table, "txn_id": txn_id, "attempt": attempt})
-                time.sleep(min(0.05 * 2**attempt, 1.0))
+                _lost_race_pause(write.table, txn_id, attempt)
                 continue
             table.create_write_transaction(
                 actions, mode, schema if mode == "append" else table.schema(),
@@ -281,9 +279,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
             if not _lost_a_race(exc):
                 raise
-            log.info("concurrent Delta commit; re-checking", extra={
-                "table": write.table, "txn_id": txn_id, "attempt": attempt, "error": str(exc)})
-            time.sleep(min(0.05 * 2**attempt, 1.0))
+            _lost_race_pause(write.table, txn_id, attempt, str(exc))
         except OSError as exc:
             if not options:
                 raise
@@ -293,6 +289,25 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 tables.keep(write.table, table)
     raise ApplyFailed(f"could not apply transaction {txn_id} to {write.table} after "
                       f"{MAX_ATTEMPTS} concurrent-commit retries")
+
+
+def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: str,
+                   batch: int) -> bool:
+    """Puts ``entry`` (a log entry of ours) as the table's next version, between the
+    failpoints ``before-<point>`` and ``after-<point>``; False if another writer took it."""
+    fail_point(f"before-{point}", batch)
+    if not put_entry(table_uri, table.version() + 1, entry):
+        return False
+    fail_point(f"after-{point}", batch)
+    table.update_incremental()
+    return True
+
+
+def _lost_race_pause(table_uri: str, txn_id: str, attempt: int, error: str = "") -> None:
+    """Another writer took the version: wait a little, then the caller checks again."""
+    log.info("concurrent Delta commit; re-checking", extra={
+        "table": table_uri, "txn_id": txn_id, "attempt": attempt, "error": error})
+    time.sleep(min(0.05 * 2**attempt, 1.0))
 
 
 def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
@@ -307,12 +322,26 @@ def _apply_refused(table: str, txn_id: str, reason: str) -> ApplyRefused:
 
 def evolved_schema(table: DeltaTable, write: TableWriteRecord) -> str | None:
     """The schema a ``merge_schema`` write gives the table, None if it keeps the table's (no
-    new column, or an earlier apply or another writer added them already)."""
+    new column, or an earlier apply or another writer added them already).
+
+    Raises:
+        SchemaConflict: the write no longer merges into the table as it is now (an outside
+            writer changed a column's type, or took the column mapping ids of the new columns,
+            since the coordinator's check).
+    """
     if not write.merge_schema:
         return None
     current = table.schema().to_json()
-    merged = merged_schema(current, write.schema_json)
-    return None if json.loads(merged) == json.loads(current) else merged
+    configuration = table.metadata().configuration
+    mapped = (configuration.get("delta.columnMapping.mode") or "none") != "none"
+    merged = merged_schema(current, write.schema_json, column_mapping=mapped)
+    if json.loads(merged) == json.loads(current):
+        return None
+    if mapped:
+        problem = column_mapping_problem(current, merged, max_column_id(configuration, current))
+        if problem:
+            raise SchemaConflict(f"table {write.table}: {problem}")
+    return merged
 
 
 def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveAction],
@@ -325,14 +354,16 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
                          list(write.partition_by), properties.custom_metadata or {}, now),
              app_transaction_action(app.app_id, app.version, now),
-             metadata_action(table.metadata(), schema_json)]
+             metadata_action(table.metadata(), schema_json, _evolved_configuration(
+                 table.metadata().configuration, schema_json))]
     by_path = {f.path: f for f in write.add_files}
     for action in actions:
         if isinstance(action, RemoveAction):
             entry.append(remove_action(action.path, action.size or 0,
                                        action.partition_values or {}, now))
-        else:
-            entry.append(add_action(by_path[action.path]))
+        else:  # partition values as the action keys them (physical names if column-mapped)
+            entry.append(add_action(dataclasses.replace(
+                by_path[action.path], partition_values=dict(action.partition_values or {}))))
     return entry
 
 
@@ -370,6 +401,17 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
                                    data_change=write.data_change,
                                    deletion_vector=vectors.get(remove.path)))
     return entry
+
+
+def _evolved_configuration(configuration: Mapping[str, str],
+                           schema_json: str) -> dict[str, str]:
+    """The configuration with a column-mapped table's maxColumnId raised to the new schema's
+    highest id, as delta-spark raises it."""
+    updated = dict(configuration)
+    if (configuration.get("delta.columnMapping.mode") or "none") != "none":
+        updated[MAX_COLUMN_ID] = str(max_column_id(configuration, schema_json))
+    return updated
+
 
 
 def _refuse_changed_since_read(write: TableWriteRecord, txn_id: str) -> None:
@@ -601,6 +643,7 @@ class TableLayout(NamedTuple):
     protocol: TableProtocol = TableProtocol()  # the features it requires (table_features)
     constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
     column_mapping: str = "none"  # delta.columnMapping.mode
+    max_column_id: int = 0  # delta.columnMapping.maxColumnId (or the highest id it holds)
 
 
 CONSTRAINT_PREFIX = "delta.constraints."
@@ -625,9 +668,11 @@ def _layout_of(table: DeltaTable) -> TableLayout:
     constraints = tuple(sorted((key.removeprefix(CONSTRAINT_PREFIX), value)
                                for key, value in configuration.items()
                                if key.startswith(CONSTRAINT_PREFIX)))
-    return TableLayout(table.version(), table.schema().to_json(),
+    schema_json = table.schema().to_json()
+    return TableLayout(table.version(), schema_json,
                        list(metadata.partition_columns), append_only, protocol, constraints,
-                       configuration.get("delta.columnMapping.mode") or "none")
+                       configuration.get("delta.columnMapping.mode") or "none",
+                       max_column_id(configuration, schema_json))
 
 
 def commit_file(table_uri: str, version: int) -> Path:

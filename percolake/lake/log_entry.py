@@ -59,13 +59,17 @@ def app_transaction_action(app_id: str, version: int, now_ms: int) -> dict[str, 
     return {"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}}
 
 
-def metadata_action(metadata: Any, schema_json: str) -> dict[str, Any]:
+def metadata_action(metadata: Any, schema_json: str,
+                    configuration: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The table's ``metaData`` (delta-rs's ``DeltaTable.metadata()``) with ``schema_json``:
-    the same table id, partitioning, configuration and creation time."""
+    the same table id, partitioning, configuration (or ``configuration``) and creation
+    time."""
     action: dict[str, Any] = {
         "id": metadata.id, "format": {"provider": "parquet", "options": {}},
         "schemaString": schema_json, "partitionColumns": list(metadata.partition_columns),
-        "configuration": dict(metadata.configuration), "createdTime": metadata.created_time}
+        "configuration": dict(metadata.configuration if configuration is None
+                              else configuration),
+        "createdTime": metadata.created_time}
     if metadata.name is not None:
         action["name"] = metadata.name
     if metadata.description is not None:

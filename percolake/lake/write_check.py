@@ -58,7 +58,12 @@ from percolake.lake.delta_commit import (
     describe_schema_mismatch,
     table_layout,
 )
-from percolake.lake.schema_evolution import SchemaConflict, added_columns, merged_schema
+from percolake.lake.schema_evolution import (
+    SchemaConflict,
+    added_columns,
+    column_mapping_problem,
+    merged_schema,
+)
 from percolake.lake.table_cache import FileId, LogEntries
 from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
@@ -303,20 +308,26 @@ def merge_problem(layout: TableLayout, schema: str,
     problems = []
     if list(partition_by) != list(layout.partition_columns):
         problems.append(f"partitioned by {layout.partition_columns}, not {list(partition_by)}")
-    if layout.column_mapping != "none" and added_columns(layout.schema_json, schema):
-        problems.append(f"merge_schema cannot add columns to a table with column mapping "
-                        f"({layout.column_mapping}): add them with ALTER TABLE ... ADD COLUMNS")
+    mapped = layout.column_mapping != "none"
     try:
-        merged_schema(layout.schema_json, schema)
+        merged = merged_schema(layout.schema_json, schema, column_mapping=mapped)
     except SchemaConflict as conflict:
         problems.append(str(conflict))
+    else:  # the new columns' ids and physical names are those the batch's files carry
+        mapping = column_mapping_problem(layout.schema_json, merged, layout.max_column_id) \
+            if mapped and added_columns(layout.schema_json, schema) else None
+        if mapping:
+            problems.append(f"{mapping} (on a column-mapped table ({layout.column_mapping}) "
+                            "the write carries the table's schema with its new columns' ids "
+                            "and physical names; write it with sparkside's txn.write)")
     return "; ".join(problems) or None
 
 
 def _probe(field: dict[str, Any], values: list[str]) -> None:
     """Commits ``values`` of the partition column ``field`` to a throwaway in-memory table:
     delta-kernel parses them exactly as the apply will."""
-    schema = Schema.from_json(json.dumps({"type": "struct", "fields": [field]}))
+    # without its metadata: delta-rs creates no table with column mapping ids
+    schema = Schema.from_json(json.dumps({"type": "struct", "fields": [{**field, "metadata": {}}]}))
     adds = [AddAction(f"{i}.parquet", 1, {field["name"]: v}, 0, True, "{}")
             for i, v in enumerate(values)]
     create_table_with_add_actions(f"memory:///{uuid.uuid4().hex}", schema, adds,

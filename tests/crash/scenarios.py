@@ -707,3 +707,84 @@ def refused_table_feature(root: Path, k: int = 3) -> Outcome:
         return Outcome("I10-table-feature", report, notes)
     finally:
         sc.close()
+
+
+def merge_schema_entry_crash(root: Path, failpoint: str, k: int = 3) -> Outcome:
+    """A ``merge_schema`` write (a new column in one table of the batch) is COMMITTED, then
+    the coordinator's roll-forward dies at ``failpoint`` (``before-log-entry``: nothing
+    written; ``after-log-entry``: the entry with the data and the new schema is there, the
+    apply not recorded). Restarted, it rolls the batch forward: every table shows it exactly
+    once, the new column in one Delta version together with its data (I4, I10)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from percolake.v1 import coordinator_pb2 as pb
+
+    sc = Scenario(root, k=k)
+    report = Report()
+    notes: dict[str, Any] = {}
+    try:
+        sc.start_coordinator(failpoints=f"{failpoint}=exit")
+        first = light.LightPipeline(sc.target, "f", str(sc.lake), k, 1)
+        first.start().join(120)
+        for error in first.errors:
+            report.add("I4", f"batch 0: {error.strip()[-1500:]}")
+        tables = first.tables
+        paths = [t.path for t in tables]
+        evolved = next(t for t in tables if t.name == "f_credits")
+        with sc.client() as client:
+            opened = client.call("OpenTransaction", pb.OpenTransactionRequest(
+                pipeline_id="f", batch_id=1, epoch=first.epoch, query_id=first.query_id,
+                tables=paths))
+            txn_id = opened.transaction.txn_id
+            writes = light.write_files(tables, opened, "f", 1, k)
+            write = writes[paths.index(evolved.path)]
+            file = Path(local_path(evolved.path)) / write.add_files[0].path
+            data = pq.read_table(file)
+            data = data.append_column("note", pa.array(["new"] * data.num_rows))
+            pq.write_table(data, file)
+            write.add_files[0].size = file.stat().st_size
+            write.schema_json = light._schema_json(data.schema)
+            write.merge_schema = True
+            client.call("CommitTransaction", pb.CommitTransactionRequest(
+                txn_id=txn_id, epoch=first.epoch, tables=paths, writes=writes))
+        # nobody applies it but the coordinator's roll-forward, which dies at the failpoint
+        wait_for(lambda: not sc.daemon.is_running(), 60, f"the coordinator's death at {failpoint}")
+        log = (sc.root / "coordinator.log").read_text(errors="replace")
+        if f"failpoint {failpoint}" not in log:
+            raise AssertionError(f"coordinator never reached {failpoint}:\n{sc.daemon.log_tail()}")
+        entries = _entries_of(evolved.path, txn_id)
+        notes["entries_at_crash"] = len(entries)
+        sc.restart_coordinator()
+        with sc.client() as client:
+            wait_for(lambda: state_name(client.transaction(txn_id).state) == "APPLIED", 60,
+                     "the roll-forward after the restart")
+        entries = _entries_of(evolved.path, txn_id)
+        notes["entries"] = len(entries)
+        if len(entries) != 1:
+            report.add("I4", f"{evolved.name}: {len(entries)} Delta versions hold {txn_id}")
+        elif not any("metaData" in a and '"note"' in a["metaData"]["schemaString"]
+                     for a in entries[0]):
+            report.add("I10", f"{evolved.name}: the version holding {txn_id} does not add the "
+                       "column 'note'")
+        for table in tables:
+            held = [v.version for v in read_versions(table.path)
+                    if v.tag("percolake.txn_id") == txn_id]
+            if len(held) != 1:
+                report.add("I4", f"{table.name}: versions {held} hold {txn_id}")
+        report.merge(sc.check({("f", 0): range(2)}, tables=tables))
+        return Outcome(f"merge-schema-{failpoint}", report, notes)
+    finally:
+        sc.close()
+
+
+def _entries_of(path: str, txn_id: str) -> list[list[dict[str, Any]]]:
+    """The actions of each Delta log entry of a local table that holds ``txn_id``."""
+    import json
+
+    found = []
+    for entry in sorted((Path(local_path(path)) / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in entry.read_text().splitlines() if line.strip()]
+        if any(a.get("commitInfo", {}).get("percolake.txn_id") == txn_id for a in actions):
+            found.append(actions)
+    return found

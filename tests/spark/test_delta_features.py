@@ -6,6 +6,7 @@ delta-spark and compared with delta-spark's own write of the same rows to a copy
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import uuid
@@ -15,6 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from sparkside import Participant, UnsupportedTableFeature
 
@@ -133,6 +135,86 @@ def test_column_mapped_table_written_as_delta_spark_writes_it(spark, lake_daemon
         assert set(arrow.names) == set(ids) - {ids_name(fields, "day")}
         for field in arrow:
             assert int(field.metadata[b"PARQUET:field_id"]) == ids[field.name]
+
+
+def last_metadata(path: Path) -> dict:
+    """The ``metaData`` action of the table's latest version that has one."""
+    for name in reversed(versions(path)):
+        for line in (path / "_delta_log" / name).read_text().splitlines():
+            if '"metaData"' in line:
+                return json.loads(line)["metaData"]
+    raise AssertionError(f"no metaData in {path}")
+
+
+def column_ids(data_type: dict, prefix: str = "") -> dict[str, tuple[int, str]]:
+    """Each field's path -> (column mapping id, physical name), nested fields too."""
+    found: dict[str, tuple[int, str]] = {}
+    for field in data_type.get("fields", []):
+        path = f"{prefix}{field['name']}"
+        found[path] = (field["metadata"]["delta.columnMapping.id"],
+                       field["metadata"]["delta.columnMapping.physicalName"])
+        if isinstance(field["type"], dict):
+            found.update(column_ids(field["type"], f"{path}."))
+    return found
+
+
+@pytest.mark.parametrize("mode", ["name", "id"])
+def test_merge_schema_adds_columns_to_a_column_mapped_table_as_delta_spark_does(
+        spark, lake_daemon, lake, mode):
+    """merge_schema adding a top-level column, a struct column and a field of an existing
+    struct (its fields given in another order) to a column-mapped table, beside delta-spark's own
+    mergeSchema append of the same rows to a copy: the same rows, the same ids for the same
+    columns, the same maxColumnId; new physical names; files under physical names and ids."""
+    path = lake / f"mapped-evolve-{mode}"
+    create(spark, path, "id BIGINT, s STRUCT<a: INT, b: STRING>, day DATE",
+           f"'delta.columnMapping.mode'='{mode}'", "day")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, named_struct('a', 1, 'b', 'x'), "
+              "DATE'2026-01-01')")
+    copy = copy_of(path)
+    before = column_ids(json.loads(last_metadata(path)["schemaString"]))
+    run = batches(lake_daemon, f"mapped-evolve-{mode}")
+    wider = spark.sql(
+        "SELECT 2L id, named_struct('a', 2, 'b', 'y', 'c', 2.5D) s, DATE'2026-01-02' day, "
+        "'eur' currency, named_struct('q', 7, 'r', named_struct('z', 'k')) n "
+        "UNION ALL SELECT 3L, null, DATE'2026-01-01', null, null")
+    # ours gives the struct's fields in another order: written by name, under the ids
+    reordered = wider.select("id", F.when(F.col("s").isNotNull(), F.struct(
+        "s.c", "s.b", "s.a")).alias("s"), "day", "currency", "n")
+    run(spark, lambda txn: txn.write(reordered, str(path), merge_schema=True))
+    wider.write.format("delta").mode("append").option("mergeSchema", "true").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy)
+    assert spark.read.format("delta").load(str(path)).schema == \
+        spark.read.format("delta").load(str(copy)).schema
+
+    ours, theirs = last_metadata(path), last_metadata(copy)
+    assert ours["configuration"]["delta.columnMapping.maxColumnId"] == \
+        theirs["configuration"]["delta.columnMapping.maxColumnId"] == "11"
+    ours_ids = column_ids(json.loads(ours["schemaString"]))
+    theirs_ids = column_ids(json.loads(theirs["schemaString"]))
+    assert {p: i for p, (i, _) in ours_ids.items()} == {p: i for p, (i, _) in theirs_ids.items()}
+    assert {p: v for p, v in ours_ids.items() if p in before} == before
+    new_names = [n for p, (_, n) in ours_ids.items() if p not in before]
+    assert len(new_names) == 6 and all(n.startswith("col-") for n in new_names)
+    assert len(set(new_names)) == 6
+
+    # the next batch, without merge_schema, writes the new columns
+    again = spark.sql("SELECT 4L id, named_struct('c', 4.5D, 'a', 4, 'b', 'w') s, "
+                      "DATE'2026-01-02' day, 'usd' currency, "
+                      "named_struct('q', 8, 'r', named_struct('z', 'm')) n")
+    run(spark, lambda txn: txn.write(again.select("id", F.struct("s.a", "s.b", "s.c").alias("s"),
+                                                  "day", "currency", "n"), str(path)))
+    again.write.format("delta").mode("append").option("mergeSchema", "true").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy)
+    assert (4, (4, "w", 4.5), datetime.date(2026, 1, 2), "usd", (8, ("m",))) in rows(spark, path)
+
+    physical = {n: i for i, n in ours_ids.values()}
+    files = sorted((path / "_percolake").rglob("*.parquet"))
+    assert files
+    for file in files:
+        arrow = pq.read_schema(file)
+        assert set(arrow.names) == {ours_ids[c][1] for c in ("id", "s", "currency", "n")}
+        for field in arrow:
+            assert int(field.metadata[b"PARQUET:field_id"]) == physical[field.name]
 
 
 def ids_name(fields: list[dict], column: str) -> str:

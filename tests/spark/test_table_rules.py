@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from coordinator.views import txn_json
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
-from sparkside import ConsistentReader, Participant
+from sparkside import ConsistentReader, Participant, register
 from sparkside.errors import ConstraintViolation, SchemaMismatch, UnknownTable
 from tests.spark.helpers import transactions
 
@@ -164,3 +164,21 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
         participant.run_batch(spark.range(1), 1, lambda df, batch_id, txn: txn.write(
             spark.range(1), f"{database}.missing"))
     participant.close()
+
+    # the streaming source's load: the name is resolved on the driver, as txn.write's (the
+    # source's planner reads the schema from the location it is given: a name fails there)
+    spark.sql(f"CREATE TABLE {database}.notes (id BIGINT, note STRING) USING DELTA "
+              f"LOCATION '{lake}/notes'")
+    register(spark)
+
+    def reader():  # noqa: ANN202
+        return spark.readStream.format("percolake").option("coordinator", lake_daemon.target) \
+            .option("pipeline", f"names-reader-{uuid.uuid4().hex[:6]}")
+
+    for stream, columns in ((reader().load(f"{database}.orders"), ["id"]),
+                            (reader().option("path", f"spark_catalog.{database}.notes").load(),
+                             ["id", "note"])):
+        assert stream.isStreaming and stream.schema.names == columns
+    with pytest.raises(UnknownTable, match=f"{database}.missing"):
+        spark.readStream.format("percolake").option("coordinator", lake_daemon.target) \
+            .option("pipeline", "names-reader").load(f"{database}.missing")
