@@ -44,7 +44,9 @@ fi
 # cache outside the venv (a few minutes of CPU, niced). Not `go install module@version`: the
 # module's go.mod has a replace directive, which go install refuses; so its source is fetched
 # with `go mod download` and built as the main module. Without Go, or if the build fails, those
-# tests are skipped, saying so.
+# tests are skipped, saying so. Only the test command asks for it (PERCOLAKE_SETUP_SEAWEEDFS=1):
+# the demo does not wait for a build it does not use.
+if [[ "${PERCOLAKE_SETUP_SEAWEEDFS:-0}" == 1 ]]; then
 weed="$(cd "$ROOT" && "$VENV/bin/python" -c \
   'from tests.seaweed_support import weed_cache_path as w, WEED_MODULE as m, WEED_VERSION as v
 print(w()); print(f"{m}@{v}")')"
@@ -71,6 +73,7 @@ if [[ ! -x "$weed_path" && -z "${PERCOLAKE_WEED:-}" ]]; then
   else
     echo "percolake: no Go on this machine: the SeaweedFS S3 tests will be skipped" >&2
   fi
+fi
 fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"
