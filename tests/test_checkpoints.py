@@ -129,20 +129,27 @@ def _checkpoint_forever(table: str, version: int, ready) -> None:  # noqa: ANN00
         dt.create_checkpoint()
 
 
-def test_a_crash_while_writing_a_checkpoint_leaves_the_table_readable(tmp_path):
-    table = tmp_path / "t"
-    for batch in range(13):
-        append(table, batch)
+def checkpoint_writers_killed(table: Path, version: int, times: int, seed: int):  # noqa: ANN201
+    """Kills a writer of ``version``'s checkpoint at a random moment, ``times`` times; yields
+    after each kill (the caller checks what the kill left)."""
     context = multiprocessing.get_context("spawn")  # deltalake's runtime must not be forked
-    rng = random.Random(33)
-    for _ in range(4):
+    rng = random.Random(seed)
+    for _ in range(times):
         ready = context.Event()
-        child = context.Process(target=_checkpoint_forever, args=(str(table), 10, ready))
+        child = context.Process(target=_checkpoint_forever, args=(str(table), version, ready))
         child.start()
         assert ready.wait(60)
         time.sleep(rng.uniform(0.0, 0.05))
         child.kill()
         child.join()
+        yield
+
+
+def test_a_crash_while_writing_a_checkpoint_leaves_the_table_readable(tmp_path):
+    table = tmp_path / "t"
+    for batch in range(13):
+        append(table, batch)
+    for _ in checkpoint_writers_killed(table, 10, times=4, seed=33):
         assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 13
         for version in (10, 11, 12):
             assert DeltaTable(str(table), version=version).to_pyarrow_table().num_rows \

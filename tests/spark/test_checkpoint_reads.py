@@ -5,15 +5,13 @@ whose checkpoint writer was killed mid-write."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import random
 import time
 
 import pyarrow.parquet as pq
 
 from percolake.lake.checkpoints import Checkpointer
 from percolake.lake.log_cleanup import clean_log
-from tests.test_checkpoints import _checkpoint_forever, append
+from tests.test_checkpoints import append, checkpoint_writers_killed
 
 
 def count(spark, table, version=None) -> int:  # noqa: ANN001
@@ -49,16 +47,7 @@ def test_delta_spark_reads_a_table_whose_checkpoint_writer_was_killed(spark, tmp
     table = tmp_path / "t"
     for batch in range(14):
         append(table, batch)
-    context = multiprocessing.get_context("spawn")
-    rng = random.Random(5)
-    for _ in range(3):
-        ready = context.Event()
-        child = context.Process(target=_checkpoint_forever, args=(str(table), 10, ready))
-        child.start()
-        assert ready.wait(60)
-        time.sleep(rng.uniform(0.0, 0.05))
-        child.kill()
-        child.join()
+    for _ in checkpoint_writers_killed(table, 10, times=3, seed=5):
         assert count(spark, table) == 14
         assert count(spark, table, 11) == 12
     # a torn staged upload beside the checkpoint (what a kill mid-write can leave)
