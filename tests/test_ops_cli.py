@@ -85,7 +85,7 @@ class Scene:
         stub.Prewrite(pb.PrewriteRequest(txn_id=self.live, writes=[
             table_write(self.live_table, self.live)]), timeout=30)
 
-        # 4. blocked in DeclareTables on the live one's table (--conflict-wait 60)
+        # 4. blocked in DeclareTables on the live one's table (--conflict-wait 540)
         self.waiter = self._open(self.wait_pipeline)
         self.waiter_result: list[Any] = []
         self.waiter_thread = threading.Thread(target=self._declare_waiting, daemon=True)
@@ -101,7 +101,7 @@ class Scene:
     def _declare_waiting(self) -> None:
         try:
             self.waiter_result.append(self.daemon.stub.DeclareTables(pb.DeclareTablesRequest(
-                txn_id=self.waiter, tables=[self.live_table]), timeout=90))
+                txn_id=self.waiter, tables=[self.live_table]), timeout=600))
         except grpc.RpcError as exc:
             self.waiter_result.append(exc)
 
@@ -110,7 +110,8 @@ class Scene:
 def scene(daemon_factory):
     daemon = daemon_factory.start(
         # --shared-table-writers: pipelines of their own wait for one table (find-hanging)
-        ["--conflict-wait", "60", "--roll-forward-after", "3600", "--txn-timeout", "600",
+        # the waiter waits for the whole module (its tests may run minutes apart under load)
+        ["--conflict-wait", "540", "--roll-forward-after", "3600", "--txn-timeout", "600",
          "--shared-table-writers"],
         env={"PERCOLAKE_FAILPOINTS": "after-commit-durable-before-reply=1*raise"},
         name="ops-cli")
