@@ -200,6 +200,13 @@ def test_update_merge_and_delete_of_a_column_mapped_table_equal_delta_spark(  # 
             "statistics keyed by physical names"
         assert set(add["partitionValues"]) <= set(mapping), "partitions by physical name"
 
+    version = RustTable(str(ours)).version()
+    with pytest.raises(RowLevelWriteRefused, match=r"column mapping.*\['op'\]"):
+        participant.run_batch(spark.range(1), 1, lambda df, b, txn: (
+            txn.delta_table(str(ours)).alias("t").merge(source.alias("s"), "t.id = s.id")
+            .withSchemaEvolution().whenMatchedUpdateAll().execute()))
+    assert RustTable(str(ours)).version() == version
+
 
 def test_several_source_rows_matching_one_target_row_fail_naming_it(spark, lake_daemon,
                                                                     lake) -> None:  # noqa: ANN001
