@@ -11,6 +11,7 @@ which the coordinator checks and the apply commits (``percolake.lake.schema_evol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,8 @@ from percolake.lake.schema_evolution import (
     with_column_mapping,
 )
 from percolake.lake.table_features import physical_names, physical_schema
-from percolake.records import PartitionValues
+from percolake.records import AddFileRecord, PartitionValues
+from sparkside.writer import write_files
 
 if TYPE_CHECKING:
     from percolake.lake.delta_commit import TableLayout
@@ -77,6 +79,27 @@ class ColumnMapping:
                                  logical[source.name]["type"]).cast(data_type)
             columns.append(column.alias(field["name"], metadata=field["metadata"]))
         return df.select(*columns)
+
+    def write(self, df: DataFrame, table_uri: str, location_uri: str,
+              partition_by: list[str]) -> list[AddFileRecord]:
+        """Writes ``df`` (the table's columns, by column name) as the table's files: physical
+        names and field ids, statistics keyed by physical names; the adds' partition values
+        keyed by column name, as write intents carry them."""
+        adds = write_files(self.frame(df), table_uri, location_uri,
+                           self.partition_columns(partition_by), self.physical)
+        return [dataclasses.replace(a, partition_values=self.logical_values(a.partition_values))
+                for a in adds]
+
+    def read_frame(self, files: DataFrame, *extra: Column) -> DataFrame:
+        """Files this mapping wrote (read with ``physical_struct``), under column names,
+        with the ``extra`` columns."""
+        logical = T.StructType.fromJson(self.logical)
+        return files.select(*[
+            F.col("`" + self.names[f.name].replace("`", "``") + "`").cast(f.dataType)
+            .alias(f.name) for f in logical.fields], *extra)
+
+    def physical_struct(self) -> T.StructType:
+        return T.StructType.fromJson(self.physical)
 
     def partition_columns(self, logical: list[str]) -> list[str]:
         return [self.names[c] for c in logical]

@@ -13,7 +13,6 @@ are finished. After Commit nothing calls the JVM, so a stopping query cannot str
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -202,11 +201,8 @@ class BatchTransaction:
             try:
                 if mapping is None:
                     adds = write_files(df, canonical, location, partitions)
-                else:  # physical names and field ids; the intent keys partitions by column
-                    adds = [dataclasses.replace(a, partition_values=mapping.logical_values(
-                        a.partition_values)) for a in write_files(
-                            mapping.frame(df), canonical, location,
-                            mapping.partition_columns(partitions), mapping.physical)]
+                else:
+                    adds = mapping.write(df, canonical, location, partitions)
             except Exception as exc:
                 violation = violation_of(exc, canonical, self.batch_id)
                 if violation is None:

@@ -32,6 +32,7 @@ from percolake.lake.delta_commit import files_of_version, open_table
 from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
+from sparkside.column_mapping import ColumnMapping
 from sparkside.errors import RowLevelWriteRefused
 from sparkside.file_scan import FileScan
 from sparkside.reader import read_table_version
@@ -42,7 +43,6 @@ USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
 SPARK_WRITE_MARK = "percolake:inside-batch:"
 # table properties row-level writes refuse unless they have one of the allowed values: why
 UNSUPPORTED_PROPERTIES = {
-    "delta.columnMapping.mode": (("none", "None", ""), "files hold physical column names"),
     # delta-spark writes _change_data files of the changed rows; a rewrite without them would
     # show change-data readers every row of each rewritten file deleted and inserted again
     "delta.enableChangeDataFeed": (("false", "False", ""), "its change data feed would show "
@@ -106,6 +106,7 @@ class RowLevelTable:
     metrics: dict[str, int] = field(default_factory=dict)
     started: float = 0.0  # when the running operation started (time.monotonic)
     evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
+    mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
     _file_scan: FileScan | None = field(default=None, repr=False)
 
     @classmethod
@@ -114,7 +115,7 @@ class RowLevelTable:
 
         Raises:
             RowLevelWriteRefused: no Delta table there, or a table feature copy-on-write
-                cannot honour (column mapping, change data feed).
+                cannot honour (change data feed).
         """
         delta = open_table(table)
         if delta is None:
@@ -131,9 +132,11 @@ class RowLevelTable:
         files = files_of_version(table, version)
         readers = delta.protocol().reader_features or []
         vectors = deletion_vectors(table, version) if "deletionVectors" in readers else {}
+        mapped = str(configuration.get("delta.columnMapping.mode") or "none") != "none"
         return cls(spark, table, location, version, files.schema_json,
                    list(files.partition_columns), {f.path: f for f in files.files},
-                   with_vectors=frozenset(vectors))
+                   with_vectors=frozenset(vectors),
+                   mapping=ColumnMapping(files.schema_json) if mapped else None)
 
     # ------------------------------------------------------------------ reading
 
@@ -148,10 +151,7 @@ class RowLevelTable:
         for path, folder in self.added_folders.items():
             by_folder.setdefault(folder, []).append(f"{self.table}/{path}")
         for folder, paths in sorted(by_folder.items()):
-            written = (self.spark.read.schema(base.schema).option("basePath", spark_uri(folder))
-                       .parquet(*[spark_uri(p) for p in sorted(paths)]))
-            frame = frame.unionByName(
-                written.select(*columns, F.col("_metadata.file_path").alias(FILE)))
+            frame = frame.unionByName(self._written(base, folder, paths))
         return frame
 
     def rows_of(self, touched: Sequence[str]) -> DataFrame:
@@ -171,13 +171,23 @@ class RowLevelTable:
             path = self._relative(spark_path)
             by_folder.setdefault(self.added_folders[path], []).append(f"{self.table}/{path}")
         for folder, paths in sorted(by_folder.items()):
-            written = (self.spark.read.schema(base.schema).option("basePath", spark_uri(folder))
-                       .parquet(*[spark_uri(p) for p in sorted(paths)])
-                       .select(*columns, F.col("_metadata.file_path").alias(FILE)))
+            written = self._written(base, folder, paths)
             frame = written if frame is None else frame.unionByName(written)
         if frame is None:  # nothing touched: no rows, the same columns
             return self.current().limit(0)
         return frame
+
+    def _written(self, base: DataFrame, folder: str, paths: list[str]) -> DataFrame:
+        """The rows of files this batch wrote into ``folder``, in ``base``'s columns, with
+        FILE (a column-mapped table's files are read by physical name)."""
+        reader = self.spark.read.option("basePath", spark_uri(folder))
+        files = [spark_uri(p) for p in sorted(paths)]
+        if self.mapping is None:
+            written = reader.schema(base.schema).parquet(*files)
+            return written.select(*base.columns, F.col("_metadata.file_path").alias(FILE))
+        read = reader.schema(self.mapping.physical_struct()).parquet(*files)
+        return self.mapping.read_frame(read, F.col("_metadata.file_path").alias(FILE)) \
+            .select(*base.columns, FILE)
 
     def _base(self) -> DataFrame:
         """The table at ``read_version``, with the columns this batch added (null)."""
@@ -193,6 +203,11 @@ class RowLevelTable:
         null in the rows written before, committed with the batch's write."""
         if not columns:
             return
+        if self.mapping is not None:
+            raise RowLevelWriteRefused(
+                f"table {self.table} has column mapping: percolake's MERGE cannot add the "
+                f"source's columns {list(columns)} to it (withSchemaEvolution); add them "
+                "first (ALTER TABLE ... ADD COLUMNS, or txn.write with merge_schema=True)")
         self.schema_json = merged_schema(self.schema_json,
                                          delta_schema_json(source.select(*columns)))
         self.evolved += [T.StructField(f.name, f.dataType, True)
@@ -243,7 +258,9 @@ class RowLevelTable:
         adds: list[AddFileRecord] = []
         if output is not None:
             folder = f"{self.location}/op{len(self.operations)}"
-            adds = write_files(output, self.table, folder, self.partition_by)
+            adds = (write_files(output, self.table, folder, self.partition_by)
+                    if self.mapping is None
+                    else self.mapping.write(output, self.table, folder, self.partition_by))
             self.added_folders.update({a.path: folder for a in adds})
             self.added.update({a.path: a for a in adds})
         written = time.monotonic()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow
+import pyarrow.parquet as pq
 import pytest
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RustTable
@@ -146,6 +147,65 @@ def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, la
     history = RustTable(str(ours)).history()
     assert len(history) == 2, "the batch's three operations are one Delta commit"
     assert history[0]["percolake.operation"] == "MERGE,UPDATE,DELETE"
+
+
+@pytest.mark.parametrize("mode", ["name", "id"])
+def test_update_merge_and_delete_of_a_column_mapped_table_equal_delta_spark(  # noqa: ANN001
+        spark, lake_daemon, lake, mode) -> None:
+    """A table delta-spark created with column mapping (``id`` partitioned): the rewrite reads
+    logical rows and writes physical names with the mapping ids as Parquet field ids."""
+    rng = random.Random(13)
+    participant = Participant(lake_daemon.target, pipeline_id=f"cm-{mode}-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 30), f"{SCHEMA}, op string")
+    ours, theirs = lake / f"mapped-{mode}", lake / f"mapped-{mode}-reference"
+    partitioned = "PARTITIONED BY (region)" if mode == "id" else ""
+    spark.sql(f"CREATE TABLE delta.`{ours}` ({SCHEMA}) USING DELTA {partitioned} "
+              f"TBLPROPERTIES ('delta.columnMapping.mode'='{mode}')")
+    spark.createDataFrame(target_rows(rng, 30), SCHEMA).write.format("delta") \
+        .mode("append").save(str(ours))
+    shutil.copytree(ours, theirs)
+
+    def update(dt, src: DataFrame) -> None:  # noqa: ANN001
+        dt.update("region = 'eu'", {"value": "value * 10"})
+
+    def delete(dt, src: DataFrame) -> None:  # noqa: ANN001
+        dt.delete(F.col("value") > 500)
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        for operation in (update, cdc_merge, delete):
+            operation(txn.delta_table(str(ours)), source)
+
+    participant.run_batch(spark.range(1), 0, batch)
+    for operation in (update, cdc_merge, delete):
+        operation(DeltaTable.forPath(spark, str(theirs)), source)
+    assert table_rows(spark, ours) == table_rows(spark, theirs)
+    assert RustTable(str(ours)).history(1)[0]["percolake.operation"] == "UPDATE,MERGE,DELETE"
+
+    fields = json.loads(RustTable(str(ours)).schema().to_json())["fields"]
+    mapping = {f["metadata"]["delta.columnMapping.physicalName"]:
+               f["metadata"]["delta.columnMapping.id"] for f in fields}
+    data = [c for c in mapping if not (mode == "id" and c == next(
+        f["metadata"]["delta.columnMapping.physicalName"] for f in fields
+        if f["name"] == "region"))]
+    entry = max((ours / "_delta_log").glob("*.json"))
+    adds = [json.loads(line)["add"] for line in entry.read_text().splitlines()
+            if '"add"' in line]
+    assert adds, "the batch wrote new files"
+    for add in adds:
+        schema = pq.read_schema(ours / add["path"])
+        assert sorted(schema.names) == sorted(data), "files hold the physical names"
+        assert {n: int(schema.field(n).metadata[b"PARQUET:field_id"]) for n in schema.names} \
+            == {n: mapping[n] for n in data}
+        assert set(json.loads(add["stats"])["minValues"]) <= set(data), \
+            "statistics keyed by physical names"
+        assert set(add["partitionValues"]) <= set(mapping), "partitions by physical name"
+
+    version = RustTable(str(ours)).version()
+    with pytest.raises(RowLevelWriteRefused, match=r"column mapping.*\['op'\]"):
+        participant.run_batch(spark.range(1), 1, lambda df, b, txn: (
+            txn.delta_table(str(ours)).alias("t").merge(source.alias("s"), "t.id = s.id")
+            .withSchemaEvolution().whenMatchedUpdateAll().execute()))
+    assert RustTable(str(ours)).version() == version
 
 
 def test_several_source_rows_matching_one_target_row_fail_naming_it(spark, lake_daemon,
