@@ -20,6 +20,7 @@ from urllib.parse import unquote
 from percolake.errors import Conflict, FailedPrecondition
 from percolake.lake import storage
 from percolake.lake.delta_commit import TXN_ID_KEY, commit_file, commit_uri, files_of_version
+from percolake.lake.table_cache import read_entry
 from percolake.lake.warehouse import is_object_store
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
@@ -37,24 +38,15 @@ def log_entries_after(table_uri: str, version: int) -> Iterator[tuple[int, list[
     entry that exists but cannot be parsed. Stops at the first version not written yet."""
     current = version + 1
     while True:
-        text = _read_entry(table_uri, current)
-        if text is None:
+        entry = read_entry(table_uri, current)
+        if entry is None:
             return
+        text = entry.decode(errors="replace")
         try:
             yield current, [json.loads(line) for line in text.splitlines() if line.strip()]
         except ValueError:
             yield current, None
         current += 1
-
-
-def _read_entry(table_uri: str, version: int) -> str | None:
-    if is_object_store(table_uri):
-        entry = storage.read_object(commit_uri(table_uri, version))
-        return None if entry is None else entry.decode(errors="replace")
-    try:
-        return commit_file(table_uri, version).read_text(errors="replace")
-    except FileNotFoundError:
-        return None
 
 
 def describe_conflict(version: int, actions: list[dict] | None, read_version: int) -> str | None:

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from percolake.errors import FailedPrecondition
 from percolake.lake import storage
+from percolake.lake.table_cache import read_entry
 from percolake.lake.warehouse import is_object_store, local_path
 
 DeletionVector = dict[str, Any]  # the log's descriptor: storageType, pathOrInlineDv, ...
@@ -86,12 +87,11 @@ def _filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def _entry(table_uri: str, version: int) -> list[dict[str, Any]] | None:
-    from percolake.lake.conflicts import _read_entry  # conflicts imports delta_commit
-
-    text = _read_entry(table_uri, version)
-    if text is None:
+    entry = read_entry(table_uri, version)
+    if entry is None:
         return None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [json.loads(line) for line in entry.decode(errors="replace").splitlines()
+            if line.strip()]
 
 
 def _newest_checkpoint(table_uri: str, version: int) -> tuple[int, list[str]] | None:

@@ -52,7 +52,7 @@ from percolake.lake.schema_evolution import (
     max_column_id,
     merged_schema,
 )
-from percolake.lake.table_cache import DeltaTables
+from percolake.lake.table_cache import DeltaTables, read_entry
 from percolake.lake.table_features import (
     TableProtocol,
     partition_filters,
@@ -569,7 +569,7 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
     """
     if table_uri is not None and is_object_store(table_uri):
         for version in range(table.version(), -1, -1):
-            entry = _read_commit(table_uri, version)
+            entry = read_entry(table_uri, version)
             if entry is None:
                 break
             if _names_txn(entry.decode().splitlines(), txn_id):
@@ -594,11 +594,6 @@ def _names_txn(lines: list[str], txn_id: str) -> bool:
     return False
 
 
-def _read_commit(table_uri: str, version: int) -> bytes | None:
-    """The log entry of one version of an object-store table, None if there is none."""
-    return storage.read_object(commit_uri(table_uri, version))
-
-
 def is_commit_of(table_uri: str, version: int, txn_id: str, app_id: str,
                  app_version: int) -> bool:
     """Whether the table's commit at ``version`` is this transaction's secondary: its
@@ -609,7 +604,7 @@ def is_commit_of(table_uri: str, version: int, txn_id: str, app_id: str,
             cannot be read now (nothing is decided: the caller may ask again).
     """
     if is_object_store(table_uri):
-        entry = _read_commit(table_uri, version)
+        entry = read_entry(table_uri, version)
         if entry is None:
             return False
         text = entry.decode(errors="replace")

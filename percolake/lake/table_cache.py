@@ -64,6 +64,22 @@ def entry_uri(table: str, version: int) -> str:
     return f"{table.rstrip('/')}/_delta_log/{version:020d}.json"
 
 
+def read_entry(table: str, version: int) -> bytes | None:
+    """One version's log entry as stored (one GET on an object store), None if there is none.
+
+    Raises:
+        StorageRefused, StorageUnavailable, StorageSettingsError: an object-store log cannot
+            be read now.
+    """
+    if is_object_store(table):
+        return storage.read_object(entry_uri(table, version))
+    try:
+        with open(entry_path(table, version), "rb") as entry:
+            return entry.read()
+    except FileNotFoundError:
+        return None
+
+
 def summarise(file_id: FileId, content: bytes) -> LogEntry:
     """Parses a log entry once into what the coordinator asks of it.
 
