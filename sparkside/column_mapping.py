@@ -4,8 +4,9 @@ mapping id as the Parquet field id; partition values keyed by physical names (De
 them so). Readers find a column by physical name (``name``) or field id (``id``): a file with the
 logical names reads back as nulls.
 
-A ``merge_schema`` write that adds columns gets them ids and physical names here, before its
-files are written (``ColumnMapping.evolved``); the write intent then carries the merged schema,
+A ``merge_schema`` write (or a MERGE ``withSchemaEvolution``) that adds columns gets them ids and
+physical names here, before its files are written (``ColumnMapping.evolved``,
+``ColumnMapping.with_new_columns``); the write intent then carries the merged schema,
 which the coordinator checks and the apply commits (``percolake.lake.schema_evolution``).
 """
 
@@ -58,11 +59,24 @@ class ColumnMapping:
         the schema the write intent carries."""
         if not added_columns(layout.schema_json, batch_json):
             return None
-        try:  # the batch's own field metadata is left out: only the ids assigned here count
-            merged = merged_schema(layout.schema_json, batch_json)
+        try:
+            return cls.with_new_columns(layout.schema_json, layout.max_column_id, batch_json)
         except SchemaConflict:
             return None  # the schema check refuses the batch, naming the columns
-        return cls(with_column_mapping(merged, layout.max_column_id))
+
+    @classmethod
+    def with_new_columns(cls, table_schema_json: str, max_column_id: int,
+                         batch_json: str) -> ColumnMapping:
+        """The mapping of ``table_schema_json`` merged with the columns of ``batch_json`` it
+        lacks, each new field with an id above ``max_column_id`` and a physical name (the
+        batch's own field metadata is left out: only the ids assigned here count). Used by
+        ``merge_schema`` appends and by MERGE's ``withSchemaEvolution``.
+
+        Raises:
+            SchemaConflict: a batch column's type differs from the table's.
+        """
+        merged = merged_schema(table_schema_json, batch_json)
+        return cls(with_column_mapping(merged, max_column_id))
 
     def frame(self, df: DataFrame) -> DataFrame:
         """``df`` (the table's columns, any order; nested struct fields matched by name, a
