@@ -50,7 +50,8 @@ def state_from_pb(value: int) -> TxnState:
 def _partition_values(values: Mapping[str, str],
                       nulls: Sequence[str]) -> dict[str, str | None]:
     """A file's partition values from the message's map and its null columns (one copy)."""
-    merged: dict[str, str | None] = dict(values)
+    # an unpartitioned table's files send an empty map: no copy through the Mapping protocol
+    merged: dict[str, str | None] = dict(values) if len(values) else {}
     if not nulls:  # the usual case: nothing to check
         return merged
     overlap = set(merged) & set(nulls)
