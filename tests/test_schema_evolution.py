@@ -76,7 +76,8 @@ def test_merge_refuses_another_type_naming_the_column_and_why():
     with pytest.raises(SchemaConflict) as refused:
         merged_schema(TABLE, batch)
     assert "'id'" in str(refused.value) and "'s'" in str(refused.value)
-    assert "typeWidening" in str(refused.value)
+    assert "type widening does not make" in str(refused.value)  # a narrowing
+    assert "cast the column to long" in str(refused.value)
 
 
 def test_rules_of_a_table_name_their_constraint_and_the_columns_it_shows():
