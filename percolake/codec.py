@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from percolake.errors import InvalidArgument
 from percolake.records import (
     AddFileRecord,
@@ -45,11 +47,18 @@ def state_from_pb(value: int) -> TxnState:
     return _STATE_FROM_PB[value]
 
 
-def _partition_values(values: dict[str, str], nulls: list[str]) -> dict[str, str | None]:
-    overlap = set(values) & set(nulls)
+def _partition_values(values: Mapping[str, str],
+                      nulls: Sequence[str]) -> dict[str, str | None]:
+    """A file's partition values from the message's map and its null columns (one copy)."""
+    # an unpartitioned table's files send an empty map: no copy through the Mapping protocol
+    merged: dict[str, str | None] = dict(values) if len(values) else {}
+    if not nulls:  # the usual case: nothing to check
+        return merged
+    overlap = set(merged) & set(nulls)
     if overlap:
         raise InvalidArgument(f"partition columns {sorted(overlap)} are both null and valued")
-    return {**dict(values), **{c: None for c in nulls}}
+    merged.update(dict.fromkeys(nulls))
+    return merged
 
 
 def _partition_fields(values: dict[str, str | None]) -> tuple[dict[str, str], list[str]]:
@@ -66,22 +75,22 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         add_files=tuple(
             AddFileRecord(
                 path=f.path, size=f.size,
-                partition_values=_partition_values(dict(f.partition_values),
-                                                   list(f.null_partition_columns)),
+                partition_values=_partition_values(f.partition_values,
+                                                   f.null_partition_columns),
                 modification_time=f.modification_time, stats=f.stats,
             )
             for f in msg.add_files
         ),
         schema_json=msg.schema_json,
         partition_by=tuple(msg.partition_by),
-        replace_partitions=tuple(_partition_values(dict(p.values), list(p.null_columns))
+        replace_partitions=tuple(_partition_values(p.values, p.null_columns)
                                  for p in msg.replace_partitions),
         merge_schema=msg.merge_schema,
         catalog_name=msg.catalog_name,
         remove_files=tuple(
             RemoveFileRecord(path=f.path, size=f.size,
-                             partition_values=_partition_values(dict(f.partition_values),
-                                                                list(f.null_partition_columns)))
+                             partition_values=_partition_values(f.partition_values,
+                                                                f.null_partition_columns))
             for f in msg.remove_files),
         read_version=msg.read_version if msg.mode == pb.ROW_LEVEL else -1,
         operation=msg.operation,

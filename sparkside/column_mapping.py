@@ -55,27 +55,33 @@ class ColumnMapping:
     def evolved(cls, layout: TableLayout, batch_json: str) -> ColumnMapping | None:
         """The mapping of the table's schema merged with a ``merge_schema`` batch's new
         columns, each with an id above the table's maxColumnId and a physical name (as
-        delta-spark assigns them); None if the batch adds no column. Its ``schema_json`` is
-        the schema the write intent carries."""
-        if not added_columns(layout.schema_json, batch_json):
-            return None
+        delta-spark assigns them), and its widened columns' new types (``delta.typeChanges``);
+        None if the batch adds no column and widens none. Its ``schema_json`` is the schema
+        the write intent carries."""
         try:
-            return cls.with_new_columns(layout.schema_json, layout.max_column_id, batch_json)
+            mapping = cls.with_new_columns(layout.schema_json, layout.max_column_id,
+                                           batch_json, type_widening=layout.type_widening)
         except SchemaConflict:
             return None  # the schema check refuses the batch, naming the columns
+        if not added_columns(layout.schema_json, batch_json) \
+                and json.loads(mapping.schema_json) == json.loads(layout.schema_json):
+            return None
+        return mapping
 
     @classmethod
-    def with_new_columns(cls, table_schema_json: str, max_column_id: int,
-                         batch_json: str) -> ColumnMapping:
+    def with_new_columns(cls, table_schema_json: str, max_column_id: int, batch_json: str,
+                         type_widening: bool = False) -> ColumnMapping:
         """The mapping of ``table_schema_json`` merged with the columns of ``batch_json`` it
-        lacks, each new field with an id above ``max_column_id`` and a physical name (the
-        batch's own field metadata is left out: only the ids assigned here count). Used by
-        ``merge_schema`` appends and by MERGE's ``withSchemaEvolution``.
+        lacks (and, with ``type_widening``, its widenings), each new field with an id above
+        ``max_column_id`` and a physical name (the batch's own field metadata is left out:
+        only the ids assigned here count). Used by ``merge_schema`` appends and by MERGE's
+        ``withSchemaEvolution``.
 
         Raises:
-            SchemaConflict: a batch column's type differs from the table's.
+            SchemaConflict: a batch column's type differs from the table's (and is no
+                widening ``type_widening`` allows).
         """
-        merged = merged_schema(table_schema_json, batch_json)
+        merged = merged_schema(table_schema_json, batch_json, type_widening=type_widening)
         return cls(with_column_mapping(merged, max_column_id))
 
     def frame(self, df: DataFrame) -> DataFrame:

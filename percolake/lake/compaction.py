@@ -199,6 +199,20 @@ def table_filesystem(table_uri: str) -> pafs.FileSystem:
     return pafs.SubTreeFileSystem(str(local_path(table_uri)), pafs.LocalFileSystem())
 
 
+def concat_widened(tables: Sequence[pa.Table]) -> pa.Table:
+    """The rows of ``tables`` (one partition's files) in one table. A column that Delta's type
+    widening widened (``delta.typeChanges``) is narrower in the files written before the
+    change; each takes the widest type the files hold, as delta-spark's OPTIMIZE writes the
+    wider type: integers, floats and decimals by Arrow's permissive promotion, a date by the
+    timestamp (``timestamp_ntz``) another file has for it."""
+    stamps = {f.name: f.type for t in tables for f in t.schema if pa.types.is_timestamp(f.type)}
+    tables = [t.cast(pa.schema([f.with_type(stamps[f.name])
+                                if pa.types.is_date(f.type) and f.name in stamps else f
+                                for f in t.schema], t.schema.metadata))
+              for t in tables]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
 def rewrite(table_uri: str, compaction: Plan, attempt_folder: str,
             where: str = "") -> TableWriteRecord:
     """Writes each group's rows (without those deletion vectors delete) into one new file
@@ -209,8 +223,8 @@ def rewrite(table_uri: str, compaction: Plan, attempt_folder: str,
     local = not is_object_store(table_uri)
     adds: list[AddFileRecord] = []
     for group in compaction.groups:
-        rows = pa.concat_tables([_visible_rows(table_uri, files, f, compaction.vectors)
-                                 for f in group], promote_options="default")
+        rows = concat_widened([_visible_rows(table_uri, files, f, compaction.vectors)
+                               for f in group])
         values = dict(group[0].partition_values)
         path = f"{attempt_folder}/optimize/part-{uuid.uuid4().hex}.parquet"
         if local:  # an object store has no folders (Arrow would put marker objects)

@@ -78,14 +78,17 @@ def metadata_action(metadata: Any, schema_json: str,
 
 
 def commit_info(mode: str, partition_by: list[str], tags: Mapping[str, object],
-                now_ms: int) -> dict[str, Any]:
+                now_ms: int, *, merge_schema: bool = False) -> dict[str, Any]:
     """The ``commitInfo`` of a write: ``tags`` at its top level, as delta-rs's custom
-    metadata."""
-    return operation_commit_info("WRITE", {"mode": mode, "partitionBy": json.dumps(partition_by)},
-                                 tags, now_ms)
+    metadata; ``merge_schema`` adds ``canMergeSchema``, as delta-spark's ``mergeSchema``
+    write does."""
+    parameters: dict[str, Any] = {"mode": mode, "partitionBy": json.dumps(partition_by)}
+    if merge_schema:
+        parameters["canMergeSchema"] = True  # a JSON boolean, as delta-spark writes it
+    return operation_commit_info("WRITE", parameters, tags, now_ms)
 
 
-def operation_commit_info(operation: str, parameters: Mapping[str, str],
+def operation_commit_info(operation: str, parameters: Mapping[str, object],
                           tags: Mapping[str, object], now_ms: int,
                           **fields: object) -> dict[str, Any]:
     """The ``commitInfo`` of ``operation`` (what ``DESCRIBE HISTORY`` shows): its
