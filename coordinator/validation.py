@@ -354,9 +354,10 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
     the table (never of its own attempt folder); other modes carry none of these."""
     table = write.table
     if write.mode != WriteMode.ROW_LEVEL:
-        if write.remove_files or write.change_files:
-            raise InvalidArgument(f"table {table}: remove_files and change_files need the "
-                                  "ROW_LEVEL mode")
+        if write.remove_files:
+            raise InvalidArgument(f"table {table}: remove_files needs the ROW_LEVEL mode")
+        if write.change_files:
+            raise InvalidArgument(f"table {table}: change_files needs the ROW_LEVEL mode")
         return
     if write.read_version < 0:
         raise InvalidArgument(f"table {table}: a ROW_LEVEL write needs the read_version it "

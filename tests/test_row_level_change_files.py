@@ -88,7 +88,7 @@ def test_validation_refuses_change_files_that_cannot_be_meant(table):
     validation.check_table_write(write, TXN, 10**6)
     change = write.change_files[0]
     cases = {
-        "need the ROW_LEVEL mode": dataclasses.replace(
+        "change_files needs the ROW_LEVEL mode": dataclasses.replace(
             write, mode=WriteMode.APPEND, remove_files=(), read_version=-1, operation=""),
         "listed twice": dataclasses.replace(write, change_files=(change, change)),
         "both added and change files": dataclasses.replace(write, change_files=(
