@@ -52,8 +52,10 @@ def insert_only(dt, source: DataFrame) -> None:  # noqa: ANN001
 # batches of operations; delta-spark runs the same operations one commit each
 BATCHES = [
     [merge],
-    [lambda dt, s: dt.update("id % 3 = 0", {"value": "value * 10"}),
-     lambda dt, s: dt.delete("region = 'ap'")],  # + a delete of whole files: materialised
+    # beside the UPDATE's change files, the append's and the whole-file delete's changes
+    # are written as change files too
+    [lambda dt, s: dt.update("id % 3 = 0", {"value": "value * 10"}), "append",
+     lambda dt, s: dt.delete("region = 'ap'")],
     [lambda dt, s: insert_only(dt, s.selectExpr("id + 1000 as id", "value", "region"))],
     [lambda dt, s: dt.delete("value > 150")],
 ]
@@ -69,16 +71,23 @@ def test_merge_update_and_delete_write_the_change_feed_delta_spark_writes(
     source = spark.createDataFrame(
         [(2, -1, "ap"), (4, 400, "us"), (5, 55, "ap"), (40, 140, "eu"), (41, 190, "us")],
         SCHEMA)
+    appended = spark.createDataFrame([(60, 3, "us"), (61, 4, "ap")], SCHEMA)
     participant = Participant(lake_daemon.target, pipeline_id=f"cdf-{lake.name}")
     their_versions = []
     for batch_id, operations in enumerate(BATCHES):
         def batch(df: DataFrame, batch_id: int, txn, operations=operations) -> None:  # noqa: ANN001
             for operation in operations:
-                operation(txn.delta_table(str(ours)), source)
+                if operation == "append":
+                    txn.write(appended, str(ours), partition_by=["region"])
+                else:
+                    operation(txn.delta_table(str(ours)), source)
 
         participant.run_batch(spark.range(1), batch_id, batch)
         for operation in operations:
-            operation(DeltaTable.forPath(spark, str(theirs)), source)
+            if operation == "append":
+                appended.write.format("delta").mode("append").save(str(theirs))
+            else:
+                operation(DeltaTable.forPath(spark, str(theirs)), source)
         their_versions.append(DeltaTable.forPath(spark, str(theirs)).history(1)
                               .collect()[0]["version"])
 
