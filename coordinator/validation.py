@@ -356,6 +356,8 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
     if write.mode != WriteMode.ROW_LEVEL:
         if write.remove_files:
             raise InvalidArgument(f"table {table}: remove_files needs the ROW_LEVEL mode")
+        if write.change_files:
+            raise InvalidArgument(f"table {table}: change_files needs the ROW_LEVEL mode")
         return
     if write.read_version < 0:
         raise InvalidArgument(f"table {table}: a ROW_LEVEL write needs the read_version it "
@@ -391,6 +393,7 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
         raise InvalidArgument(f"table {table}: files both added and removed: "
                               f"{sorted(added)[:3]}")
     partitions = set(write.partition_by)
+    _check_change_files(write, txn_id)
     for remove in write.remove_files:
         parts = remove.path.split("/")
         if (remove.path.startswith("/") or "://" in remove.path
@@ -405,6 +408,31 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
             raise InvalidArgument(
                 f"table {table}: removed file {remove.path} has partition values for "
                 f"{sorted(remove.partition_values)}, the table is partitioned by "
+                f"{sorted(partitions)}")
+
+
+def _check_change_files(write: TableWriteRecord, txn_id: str) -> None:
+    """Change data files (cdc actions) lie in the attempt's folder, once each, apart from the
+    add files, with sizes and the table's partition columns."""
+    table = write.table
+    paths = Counter(f.path for f in write.change_files)
+    twice = sorted(p for p, n in paths.items() if n > 1)[:3]
+    if twice:
+        raise InvalidArgument(f"table {table}: change files listed twice: {twice}")
+    also_added = sorted({f.path for f in write.add_files} & set(paths))[:3]
+    if also_added:
+        raise InvalidArgument(f"table {table}: files both added and change files: "
+                              f"{also_added}")
+    partitions = set(write.partition_by)
+    for change in write.change_files:
+        _check_file_path(table, change.path, f"{ATTEMPT_DIR}/{txn_id}/")
+        if not 0 <= change.size <= MAX_FILE_BYTES:
+            raise InvalidArgument(f"table {table}: change file {change.path} has size "
+                                  f"{change.size}; 0 to {MAX_FILE_BYTES} bytes per file")
+        if set(change.partition_values) != partitions:
+            raise InvalidArgument(
+                f"table {table}: change file {change.path} has partition values for "
+                f"{sorted(change.partition_values)}, the table is partitioned by "
                 f"{sorted(partitions)}")
 
 

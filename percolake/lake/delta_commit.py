@@ -38,6 +38,7 @@ from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
     app_transaction_action,
+    change_action,
     commit_info,
     metadata_action,
     now_ms,
@@ -385,8 +386,10 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     ``operation`` (MERGE, UPDATE, DELETE, OPTIMIZE; several operations of one batch are one
     commit named by them all, comma-separated in call order), ``operationParameters`` and
     ``operationMetrics``, ``readVersion``; adds and removes with ``dataChange`` false when the
-    write only rearranges rows; each remove of a file that carries a deletion vector with that
-    vector (read from the log at the read version: nothing changed since, the caller checked).
+    write only rearranges rows; a ``cdc`` action per change data file (a table with the change
+    data feed; ``dataChange`` false); each remove of a file that carries a deletion vector with
+    that vector (read from the log at the read version: nothing changed since, the caller
+    checked).
     The percolake tags and the app transaction make it the transaction's idempotent commit."""
     now = now_ms()
     app = properties.app_transactions[0]
@@ -407,6 +410,9 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
         values = {physical.get(k, k): v for k, v in add.partition_values.items()}
         entry.append(add_action(dataclasses.replace(add, partition_values=values),
                                 data_change=write.data_change))
+    for change in write.change_files:
+        values = {physical.get(k, k): v for k, v in change.partition_values.items()}
+        entry.append(change_action(change.path, change.size, values))
     for remove in write.remove_files:
         values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
         entry.append(remove_action(remove.path, remove.size, values, now,
