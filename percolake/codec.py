@@ -88,6 +88,7 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         operation_metrics=msg.operation_metrics,
         data_change=not (msg.mode == pb.ROW_LEVEL and msg.rearranges_only),
         operation_parameters=msg.operation_parameters,
+        read_set=msg.read_set if msg.mode == pb.ROW_LEVEL else "",
     )
 
 
@@ -113,6 +114,7 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         msg.operation_metrics = write.operation_metrics
         msg.rearranges_only = not write.data_change
         msg.operation_parameters = write.operation_parameters
+        msg.read_set = write.read_set
     return msg
 
 

@@ -77,6 +77,9 @@ class TableWriteRecord:
     data_change: bool = True
     # ROW_LEVEL only: the commit's Delta operationParameters (a JSON object of strings)
     operation_parameters: str = ""
+    # ROW_LEVEL only: what the write read, for Delta's conflict rules (a JSON object,
+    # percolake.lake.read_set.ReadSet; "" for the whole table under Serializable)
+    read_set: str = ""
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -88,6 +91,7 @@ class TableWriteRecord:
             "operation_metrics": self.operation_metrics,
             "data_change": self.data_change,
             "operation_parameters": self.operation_parameters,
+            **({"read_set": self.read_set} if self.read_set else {}),
         }
         data = {
             "table": self.table,
@@ -137,6 +141,7 @@ class TableWriteRecord:
             operation_metrics=data.get("operation_metrics", ""),
             data_change=bool(data.get("data_change", True)),
             operation_parameters=data.get("operation_parameters", ""),
+            read_set=data.get("read_set", ""),
         )
 
     def row_count(self) -> int:

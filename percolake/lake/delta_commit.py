@@ -508,10 +508,11 @@ def _partition_types(table: DeltaTable) -> dict[str, str]:
 
 def _partition_key(values: Mapping[str, object], types: dict[str, str]) -> tuple:
     """A hashable, typed form of one partition's values, equal for equal partitions."""
-    return tuple(sorted((k, _typed(v, types.get(k, "string"))) for k, v in values.items()))
+    return tuple(sorted((k, typed_partition_value(v, types.get(k, "string")))
+                        for k, v in values.items()))
 
 
-def _typed(value: object, delta_type: str) -> object:
+def typed_partition_value(value: object, delta_type: str) -> object:
     """A partition value, given as Delta's string or as delta-rs's typed value, as a value."""
     if value is None:
         return None
