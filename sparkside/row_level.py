@@ -29,12 +29,21 @@ from pyspark.sql import types as T
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import files_of_version, open_table
+from percolake.lake.read_set import (
+    WHOLE_TABLE,
+    WRITE_SERIALIZABLE,
+    Predicate,
+    ReadSet,
+    table_isolation_level,
+    union,
+)
 from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
 from sparkside.column_mapping import ColumnMapping
 from sparkside.errors import RowLevelWriteRefused
 from sparkside.file_scan import FileScan
+from sparkside.read_predicates import read_predicate
 from sparkside.reader import read_table_version
 from sparkside.writer import delta_schema_json, write_files
 
@@ -107,6 +116,11 @@ class RowLevelTable:
     started: float = 0.0  # when the running operation started (time.monotonic)
     evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
     mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
+    # what the operations read, for Delta's conflict rules (percolake.lake.read_set): the
+    # table's isolation level, each operation's read predicate, the running one's reads
+    isolation_level: str = WRITE_SERIALIZABLE
+    reads: list[Predicate] = field(default_factory=list)
+    operation_reads: list[Predicate] = field(default_factory=list)
     _file_scan: FileScan | None = field(default=None, repr=False)
 
     @classmethod
@@ -136,7 +150,8 @@ class RowLevelTable:
         return cls(spark, table, location, version, files.schema_json,
                    list(files.partition_columns), {f.path: f for f in files.files},
                    with_vectors=frozenset(vectors),
-                   mapping=ColumnMapping(files.schema_json) if mapped else None)
+                   mapping=ColumnMapping(files.schema_json) if mapped else None,
+                   isolation_level=table_isolation_level(configuration))
 
     # ------------------------------------------------------------------ reading
 
@@ -243,6 +258,19 @@ class RowLevelTable:
     def start(self) -> None:
         """Marks the start of an operation (its time metrics count from here)."""
         self.started = time.monotonic()
+        self.operation_reads = []
+
+    def note_read(self, frame: DataFrame) -> None:
+        """The running operation read the table by ``frame`` (a job over ``current()``): its
+        read predicate is the partition filters delta-spark listed the files by. Every job
+        of an operation that reads the table's rows beyond the files it replaces must be
+        noted; an operation that notes none counts as reading the whole table."""
+        self.operation_reads.append(
+            read_predicate(frame, self.table, self.read_version, self.partition_by))
+
+    def read_whole_table(self) -> None:
+        """The batch read the table's rows outside an operation (``toDF()``): every file."""
+        self.reads.append(WHOLE_TABLE)
 
     def replace(self, touched: Sequence[str], output: DataFrame | None, operation: str,
                 metrics: dict[str, int],
@@ -284,6 +312,8 @@ class RowLevelTable:
                    **_time_metrics(operation, self.started or scanned, scanned, written)}
         self.operations.append(operation)
         self.parameters.append(dict(parameters or {}))
+        self.reads.append(union(self.operation_reads) if self.operation_reads else WHOLE_TABLE)
+        self.operation_reads = []
         self.metrics_update(metrics)
         return metrics
 
@@ -315,7 +345,8 @@ class RowLevelTable:
             read_version=self.read_version, operation=",".join(self.operations),
             operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
                                          separators=(",", ":")),
-            operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")))
+            operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")),
+            read_set=ReadSet(self.isolation_level, union(self.reads)).to_json())
 
     def commit_parameters(self) -> dict[str, str]:
         """The commit's operationParameters: one operation's own (as delta-spark writes
