@@ -18,6 +18,7 @@ import json
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame
 
 from percolake.lake.read_set import WHOLE_TABLE, Predicate, conjunction, union
@@ -40,6 +41,14 @@ def read_predicate(frame: DataFrame, table_uri: str, version: int,
     ``table_uri`` at ``version``: its Delta scans' partition filters, or-ed over the scans."""
     if not partition_columns:
         return WHOLE_TABLE
+    try:
+        return _scans_predicate(frame, table_uri, version, partition_columns)
+    except Py4JError:  # a plan this module cannot walk: it read the whole table, for all we know
+        return WHOLE_TABLE
+
+
+def _scans_predicate(frame: DataFrame, table_uri: str, version: int,
+                     partition_columns: list[str]) -> Predicate:
     jvm = frame.sparkSession._jvm
     scala = jvm.scala.jdk.javaapi.CollectionConverters
     wanted = _location(spark_uri(table_uri))
