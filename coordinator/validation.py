@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from percolake.errors import InvalidArgument, ResourceExhausted
+from percolake.lake.read_set import ReadSet
 from percolake.lake.warehouse import ATTEMPT_DIR
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
@@ -384,6 +385,12 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
                 isinstance(v, str) for v in parameters.values()):
             raise InvalidArgument(f"table {table}: operation_parameters must be a JSON object "
                                   "of strings")
+    if write.read_set:
+        read_set = parse_json(f"table {table}: read_set", write.read_set)
+        try:
+            ReadSet.from_data(read_set)
+        except ValueError as exc:
+            raise InvalidArgument(f"table {table}: read_set: {exc}") from None
     removed = Counter(f.path for f in write.remove_files)
     twice = sorted(p for p, n in removed.items() if n > 1)[:3]
     if twice:

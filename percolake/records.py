@@ -91,6 +91,9 @@ class TableWriteRecord:
     # ROW_LEVEL only, tables with delta.enableChangeDataFeed: the change data files the commit
     # names in its cdc actions (written into the attempt's folder like the add files)
     change_files: tuple[ChangeFileRecord, ...] = ()
+    # ROW_LEVEL only: what the write read, for Delta's conflict rules (a JSON object,
+    # percolake.lake.read_set.ReadSet; "" for the whole table under Serializable)
+    read_set: str = ""
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -106,6 +109,7 @@ class TableWriteRecord:
             **({"change_files": [{"path": f.path, "size": f.size,
                                   "partition_values": dict(f.partition_values)}
                                  for f in self.change_files]} if self.change_files else {}),
+            **({"read_set": self.read_set} if self.read_set else {}),
         }
         data = {
             "table": self.table,
@@ -156,6 +160,7 @@ class TableWriteRecord:
             data_change=bool(data.get("data_change", True)),
             operation_parameters=data.get("operation_parameters", ""),
             change_files=tuple(ChangeFileRecord(**f) for f in data.get("change_files", ())),
+            read_set=data.get("read_set", ""),
         )
 
     def row_count(self) -> int:

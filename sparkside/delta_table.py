@@ -51,7 +51,9 @@ class TransactionDeltaTable:
     def toDF(self) -> DataFrame:  # noqa: N802 - delta-spark's name
         """The table as of this batch so far: its version read plus the batch's earlier
         operations on it."""
-        return self._frame().drop(FILE)
+        state = self._state()
+        state.read_whole_table()  # what the batch does with the rows is not known
+        return self._frame(state).drop(FILE)
 
     def delete(self, condition: str | Column | None = None) -> None:
         """Deletes the rows where ``condition`` is true (all rows without one)."""
@@ -59,7 +61,7 @@ class TransactionDeltaTable:
         state.start()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, condition_column(condition))
+        touched = _files_where(state, target, condition_column(condition))
         observation = Observation("percolake_delete")
         read = self._rows(state, touched)
         rows = read.observe(
@@ -89,7 +91,7 @@ class TransactionDeltaTable:
         names = _resolve(state, assignments, "UPDATE")
         parameters = {"predicate": _predicates([condition] if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, condition_column(condition))
+        touched = _files_where(state, target, condition_column(condition))
         if not touched:
             state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0},
                           parameters)
@@ -300,7 +302,9 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
     if by_source:  # every target row may change
-        touched = [r[0] for r in target.select(FILE).distinct().collect()]
+        files = target.select(FILE).distinct()
+        touched = [r[0] for r in files.collect()]
+        state.note_read(files)
     rewritten = table._rows(state, touched).withColumn(T_HERE, F.lit(True))
     if not_matched:
         joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))
@@ -396,7 +400,9 @@ def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, targ
     key = F.xxhash64(*hashable) if hashable else F.lit(0)
     per_key = target.join(observed_source, condition, "inner").groupBy(
         F.col(FILE), key.alias(ROW_ID)).agg(F.count(F.lit(1)).alias("n"))
-    per_file = per_key.groupBy(FILE).agg(F.max("n").alias("n")).collect()
+    per_file_frame = per_key.groupBy(FILE).agg(F.max("n").alias("n"))
+    per_file = per_file_frame.collect()
+    state.note_read(per_file_frame)
     touched = [r[FILE] for r in per_file]
     unambiguous = (len(matched) == 1 and matched[0].action == "delete"
                    and matched[0].condition is None)
@@ -479,8 +485,12 @@ def _on_partitions_only(target: DataFrame, condition: str | Column | None,
     return names <= {c.lower() for c in partition_by}
 
 
-def _files_where(target: DataFrame, matched: Column) -> list[str]:
-    return [r[0] for r in target.where(matched).select(FILE).distinct().collect()]
+def _files_where(state: RowLevelTable, target: DataFrame, matched: Column) -> list[str]:
+    """The files holding rows where ``matched`` holds (the find job, noted as the read)."""
+    files = target.where(matched).select(FILE).distinct()
+    touched = [r[0] for r in files.collect()]
+    state.note_read(files)
+    return touched
 
 
 def _types(frame: DataFrame) -> dict[str, T.DataType]:

@@ -36,6 +36,14 @@ from pyspark.sql import types as T
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import files_of_version, open_table
+from percolake.lake.read_set import (
+    WHOLE_TABLE,
+    WRITE_SERIALIZABLE,
+    Predicate,
+    ReadSet,
+    table_isolation_level,
+    union,
+)
 from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import (
@@ -48,6 +56,7 @@ from percolake.records import (
 from sparkside.column_mapping import ColumnMapping
 from sparkside.errors import RowLevelWriteRefused
 from sparkside.file_scan import FileScan
+from sparkside.read_predicates import read_predicate
 from sparkside.reader import read_table_version
 from sparkside.writer import delta_schema_json, write_files
 
@@ -122,6 +131,11 @@ class RowLevelTable:
     changes: dict[str, ChangeFileRecord] = field(default_factory=dict)  # by relative path
     implied: list[DataFrame] = field(default_factory=list)  # changes no change file holds yet
     implied_written: int = 0  # folders of implied changes written so far
+    # what the operations read, for Delta's conflict rules (percolake.lake.read_set): the
+    # table's isolation level, each operation's read predicate, the running one's reads
+    isolation_level: str = WRITE_SERIALIZABLE
+    reads: list[Predicate] = field(default_factory=list)
+    operation_reads: list[Predicate] = field(default_factory=list)
     _file_scan: FileScan | None = field(default=None, repr=False)
 
     @classmethod
@@ -155,7 +169,8 @@ class RowLevelTable:
                    list(files.partition_columns), {f.path: f for f in files.files},
                    with_vectors=frozenset(vectors),
                    mapping=ColumnMapping(files.schema_json) if mapped else None,
-                   change_data=change_data)
+                   change_data=change_data,
+                   isolation_level=table_isolation_level(configuration))
 
     # ------------------------------------------------------------------ reading
 
@@ -262,6 +277,19 @@ class RowLevelTable:
     def start(self) -> None:
         """Marks the start of an operation (its time metrics count from here)."""
         self.started = time.monotonic()
+        self.operation_reads = []
+
+    def note_read(self, frame: DataFrame) -> None:
+        """The running operation read the table by ``frame`` (a job over ``current()``): its
+        read predicate is the partition filters delta-spark listed the files by. Every job
+        of an operation that reads the table's rows beyond the files it replaces must be
+        noted; an operation that notes none counts as reading the whole table."""
+        self.operation_reads.append(
+            read_predicate(frame, self.table, self.read_version, self.partition_by))
+
+    def read_whole_table(self) -> None:
+        """The batch read the table's rows outside an operation (``toDF()``): every file."""
+        self.reads.append(WHOLE_TABLE)
 
     def replace(self, touched: Sequence[str], output: DataFrame | None, operation: str,
                 metrics: dict[str, int], parameters: dict[str, str] | None = None,
@@ -314,6 +342,8 @@ class RowLevelTable:
                    **_time_metrics(operation, self.started or scanned, scanned, written)}
         self.operations.append(operation)
         self.parameters.append(dict(parameters or {}))
+        self.reads.append(union(self.operation_reads) if self.operation_reads else WHOLE_TABLE)
+        self.operation_reads = []
         self.metrics_update(metrics)
         return metrics
 
@@ -383,7 +413,8 @@ class RowLevelTable:
             operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
                                          separators=(",", ":")),
             operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")),
-            change_files=tuple(sorted(self.changes.values(), key=lambda c: c.path)))
+            change_files=tuple(sorted(self.changes.values(), key=lambda c: c.path)),
+            read_set=ReadSet(self.isolation_level, union(self.reads)).to_json())
 
     def commit_parameters(self) -> dict[str, str]:
         """The commit's operationParameters: one operation's own (as delta-spark writes

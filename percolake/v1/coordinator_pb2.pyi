@@ -110,7 +110,7 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters", "change_files")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters", "change_files", "read_set")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class TableWrite(_message.Message):
     REARRANGES_ONLY_FIELD_NUMBER: _ClassVar[int]
     OPERATION_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FILES_FIELD_NUMBER: _ClassVar[int]
+    READ_SET_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
@@ -141,7 +142,8 @@ class TableWrite(_message.Message):
     rearranges_only: bool
     operation_parameters: str
     change_files: _containers.RepeatedCompositeFieldContainer[ChangeFile]
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ..., change_files: _Optional[_Iterable[_Union[ChangeFile, _Mapping]]] = ...) -> None: ...
+    read_set: str
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ..., change_files: _Optional[_Iterable[_Union[ChangeFile, _Mapping]]] = ..., read_set: _Optional[str] = ...) -> None: ...
 
 class ChangeFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns")
