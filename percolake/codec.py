@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from percolake.errors import InvalidArgument
 from percolake.records import (
     AddFileRecord,
+    ChangeFileRecord,
     PipelineRecord,
     RemoveFileRecord,
     TableEntry,
@@ -97,6 +98,12 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         operation_metrics=msg.operation_metrics,
         data_change=not (msg.mode == pb.ROW_LEVEL and msg.rearranges_only),
         operation_parameters=msg.operation_parameters,
+        change_files=tuple(
+            ChangeFileRecord(path=f.path, size=f.size,
+                             partition_values=_partition_values(dict(f.partition_values),
+                                                                list(f.null_partition_columns)))
+            for f in msg.change_files),
+        read_set=msg.read_set if msg.mode == pb.ROW_LEVEL else "",
     )
 
 
@@ -122,6 +129,11 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         msg.operation_metrics = write.operation_metrics
         msg.rearranges_only = not write.data_change
         msg.operation_parameters = write.operation_parameters
+        msg.read_set = write.read_set
+    for f in write.change_files:
+        values, nulls = _partition_fields(f.partition_values)
+        msg.change_files.add(path=f.path, size=f.size, partition_values=values,
+                             null_partition_columns=nulls)
     return msg
 
 

@@ -38,6 +38,7 @@ from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
     app_transaction_action,
+    change_action,
     commit_info,
     metadata_action,
     now_ms,
@@ -387,9 +388,11 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     """The log entry of a ROW_LEVEL write, as delta-spark's own operation writes it: its
     ``operation`` (MERGE, UPDATE, DELETE, OPTIMIZE; several operations of one batch are one
     commit named by them all, comma-separated in call order), ``operationParameters`` and
-    ``operationMetrics``, ``readVersion``; adds and removes with ``dataChange`` false when the
-    write only rearranges rows; each remove of a file that carries a deletion vector with that
-    vector (read from the log at the read version: nothing changed since, the caller checked).
+    ``operationMetrics``, ``readVersion``, the ``isolationLevel`` its conflicts were judged by;
+    adds and removes with ``dataChange`` false when the write only rearranges rows; a ``cdc``
+    action per change data file (a table with the change data feed; ``dataChange`` false); each
+    remove of a file that carries a deletion vector with that vector (read from the log at the
+    read version: the files the write removes are unchanged since, the caller checked).
     The percolake tags and the app transaction make it the transaction's idempotent commit."""
     now = now_ms()
     app = properties.app_transactions[0]
@@ -400,16 +403,22 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     vectors = deletion_vectors(write.table, write.read_version,
                                [f.path for f in write.remove_files]) \
         if write.remove_files and layout.protocol.has("deletionVectors") else {}
+    from percolake.lake.read_set import SNAPSHOT_ISOLATION, ReadSet  # it reads with this module
+
     info = operation_commit_info(
         write.operation, parameters, properties.custom_metadata or {}, now,
         readVersion=write.read_version,
-        isolationLevel="Serializable" if write.data_change else "SnapshotIsolation",
+        isolationLevel=ReadSet.from_json(write.read_set).isolation_level if write.data_change
+        else SNAPSHOT_ISOLATION,
         isBlindAppend=False, operationMetrics=metrics)
     entry = [info, app_transaction_action(app.app_id, app.version, now)]
     for add in write.add_files:
         values = {physical.get(k, k): v for k, v in add.partition_values.items()}
         entry.append(add_action(dataclasses.replace(add, partition_values=values),
                                 data_change=write.data_change))
+    for change in write.change_files:
+        values = {physical.get(k, k): v for k, v in change.partition_values.items()}
+        entry.append(change_action(change.path, change.size, values))
     for remove in write.remove_files:
         values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
         entry.append(remove_action(remove.path, remove.size, values, now,
@@ -525,10 +534,11 @@ def _partition_types(table: DeltaTable) -> dict[str, str]:
 
 def _partition_key(values: Mapping[str, object], types: dict[str, str]) -> tuple:
     """A hashable, typed form of one partition's values, equal for equal partitions."""
-    return tuple(sorted((k, _typed(v, types.get(k, "string"))) for k, v in values.items()))
+    return tuple(sorted((k, typed_partition_value(v, types.get(k, "string")))
+                        for k, v in values.items()))
 
 
-def _typed(value: object, delta_type: str) -> object:
+def typed_partition_value(value: object, delta_type: str) -> object:
     """A partition value, given as Delta's string or as delta-rs's typed value, as a value."""
     if value is None:
         return None

@@ -54,6 +54,14 @@ def remove_action(path: str, size: int, partition_values: Mapping[str, str | Non
     return {"remove": remove}
 
 
+def change_action(path: str, size: int,
+                  partition_values: Mapping[str, str | None]) -> dict[str, Any]:
+    """A ``cdc`` action: a change data file of the commit (the changed rows with
+    ``_change_type``), read by change data feed readers instead of its adds and removes."""
+    return {"cdc": {"path": log_path(path), "partitionValues": dict(partition_values),
+                    "size": size, "dataChange": False}}
+
+
 def app_transaction_action(app_id: str, version: int, now_ms: int) -> dict[str, Any]:
     """The ``txn`` action that makes a replay of the commit find it already applied."""
     return {"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}}

@@ -370,14 +370,15 @@ def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> N
 
 def _check_files(write: TableWriteRecord,
                  listings: dict[str, Future[dict[str, tuple[int, int | None]]]]) -> None:
-    """Every added file exists at ``<table>/<add.path>`` with the stated size (one stat each)."""
+    """Every added file (and change data file) exists at ``<table>/<path>`` with the stated
+    size (one stat each)."""
     if is_object_store(write.table):
         _check_objects(write, listings)
         return
     root = local_path(write.table)
     missing: list[str] = []
     wrong: list[str] = []
-    for add in write.add_files:
+    for add in (*write.add_files, *write.change_files):
         try:
             info = os.stat(os.path.join(root, add.path))
         except OSError:
@@ -396,7 +397,8 @@ def _start_listings(write: TableWriteRecord
     listing per attempt folder the add paths name (``_percolake/<txn_id>/``, one per write)."""
     if not is_object_store(write.table):
         return {}
-    folders = {"/".join(add.path.split("/")[:2]) for add in write.add_files
+    folders = {"/".join(add.path.split("/")[:2])
+               for add in (*write.add_files, *write.change_files)
                if add.path.startswith(f"{ATTEMPT_DIR}/") and add.path.count("/") >= 2}
     return {folder: leaf_submit(storage.list_files, f"{write.table}/{folder}")
             for folder in sorted(folders)}
@@ -412,7 +414,7 @@ def _check_objects(write: TableWriteRecord,
         sizes.update({f"{folder}/{path}": size for path, (size, _) in listing.result().items()})
     missing: list[str] = []
     wrong: list[str] = []
-    for add in write.add_files:
+    for add in (*write.add_files, *write.change_files):
         listed_folder = "/".join(add.path.split("/")[:2]) in listings
         size = sizes.get(add.path) if listed_folder else storage.object_size(
             f"{write.table}/{add.path}")
