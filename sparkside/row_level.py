@@ -128,6 +128,7 @@ class RowLevelTable:
     started: float = 0.0  # when the running operation started (time.monotonic)
     evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
     mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
+    max_column_id: int = 0  # a column-mapped table's delta.columnMapping.maxColumnId, so far
     change_data: bool = False  # delta.enableChangeDataFeed: operations write change files
     changes: dict[str, ChangeFileRecord] = field(default_factory=dict)  # by relative path
     implied: list[DataFrame] = field(default_factory=list)  # changes no change file holds yet
