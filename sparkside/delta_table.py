@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
+from sparkside.merge_source import merge_source
 from sparkside.row_level import FILE, RowLevelTable, column_mapping, condition_column, observed
 
 TableState = Callable[[], RowLevelTable]
@@ -48,7 +49,7 @@ class TransactionDeltaTable:
         state.start()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, condition_column(condition))
+        touched = _files_where(state, target, condition_column(condition))
         observation = Observation("percolake_delete")
         rows = self._rows(state, touched).observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
@@ -72,7 +73,7 @@ class TransactionDeltaTable:
         names = _resolve(state, assignments, "UPDATE")
         parameters = {"predicate": _predicates([condition] if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, condition_column(condition))
+        touched = _files_where(state, target, condition_column(condition))
         if not touched:
             state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0},
                           parameters)
@@ -190,9 +191,11 @@ class TransactionMergeBuilder:
             state.evolve(self._source, [c for c in self._source.columns
                                         if c.lower() not in known])
             target = self._table._frame(state)
-        metrics = _merge(state, self._table, target, self._source, self._condition,
-                         self._clauses, _merge_parameters(self._condition, self._clauses),
-                         self._schema_evolution)
+        insert_only = all(c.kind == "not_matched" for c in self._clauses)
+        with merge_source(self._source, insert_only) as source:
+            metrics = _merge(state, self._table, target, source, self._condition,
+                             self._clauses, _merge_parameters(self._condition, self._clauses),
+                             self._schema_evolution)
         state.metrics_update(metrics)
         updated = metrics["numTargetRowsUpdated"]
         deleted = metrics["numTargetRowsDeleted"]
@@ -275,9 +278,15 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
     if by_source:  # every target row may change
-        touched = [r[0] for r in target.select(FILE).distinct().collect()]
-    rewritten = table._rows(state, touched).withColumn(T_HERE, F.lit(True))
-    if not_matched:
+        touched = _files_where(state, target, F.lit(True))
+    insert_only = not matched and not by_source
+    rewritten = None if insert_only else \
+        table._rows(state, touched).withColumn(T_HERE, F.lit(True))
+    if rewritten is None:  # delta-spark's insert-only MERGE: one pass, no file rewritten
+        joined = source.observe(source_rows, F.count(F.lit(1)).alias("numSourceRows")) \
+            .join(target, condition, "left_anti") \
+            .withColumn(T_HERE, F.lit(None).cast("boolean"))
+    elif not_matched:
         joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))
                                                .alias("numSourceRows")),
                                 condition, "full_outer")
@@ -315,7 +324,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
     outputs = []
     for name in columns:
-        value = rewritten[name]
+        value = F.lit(None).cast(types[name]) if rewritten is None else rewritten[name]
         for i, clause in reversed(numbered):
             if clause.action == "delete":
                 continue
@@ -358,7 +367,9 @@ def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, targ
     key = F.xxhash64(*hashable) if hashable else F.lit(0)
     per_key = target.join(observed_source, condition, "inner").groupBy(
         F.col(FILE), key.alias(ROW_ID)).agg(F.count(F.lit(1)).alias("n"))
-    per_file = per_key.groupBy(FILE).agg(F.max("n").alias("n")).collect()
+    per_file_frame = per_key.groupBy(FILE).agg(F.max("n").alias("n"))
+    per_file = per_file_frame.collect()
+    state.note_scan(per_file_frame)
     touched = [r[FILE] for r in per_file]
     unambiguous = (len(matched) == 1 and matched[0].action == "delete"
                    and matched[0].condition is None)
@@ -419,8 +430,13 @@ def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str) ->
     return resolved
 
 
-def _files_where(target: DataFrame, matched: Column) -> list[str]:
-    return [r[0] for r in target.where(matched).select(FILE).distinct().collect()]
+def _files_where(state: RowLevelTable, target: DataFrame, matched: Column) -> list[str]:
+    """The files of ``target`` holding a row where ``matched`` holds (one Spark query; the
+    add actions its scan listed are kept for the rewrite)."""
+    files = target.where(matched).select(FILE).distinct()
+    found = [r[0] for r in files.collect()]
+    state.note_scan(files)
+    return found
 
 
 def _types(frame: DataFrame) -> dict[str, T.DataType]:

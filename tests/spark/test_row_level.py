@@ -122,6 +122,31 @@ def test_merge_into_an_empty_table_equals_delta_spark(spark, lake_daemon, lake) 
     assert int(metrics["numTargetRowsInserted"]) == source.where("op <> 'D'").count()
 
 
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_insert_only_merge_inserts_only_unmatched_rows_as_delta_spark_does(  # noqa: ANN001
+        spark, lake_daemon, lake, partitioned) -> None:
+    """A MERGE whose only clause is ``whenNotMatchedInsert``: source rows whose key the table
+    holds are not inserted again, no target file is rewritten (delta-spark's insert-only
+    MERGE: one pass, new files only)."""
+    rng = random.Random(13 + partitioned)
+    participant = Participant(lake_daemon.target, pipeline_id=f"ins-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 30), f"{SCHEMA}, op string")
+
+    def insert_only(dt, src: DataFrame) -> object:  # noqa: ANN001
+        return (dt.alias("t").merge(src.alias("s"), "t.id = s.id AND t.region = s.region")
+                .whenNotMatchedInsert("s.op <> 'D'", values={"id": "s.id", "value": "s.value",
+                                                             "region": "s.region"})
+                .execute())
+
+    ours, theirs = side_by_side(spark, participant, lake, "facts", target_rows(rng, 30),
+                                partitioned, [insert_only], source)
+    ours_metrics = RustTable(str(ours)).history(1)[0]["operationMetrics"]
+    theirs_metrics = RustTable(str(theirs)).history(1)[0]["operationMetrics"]
+    for name in ("numSourceRows", "numTargetRowsInserted", "numTargetFilesRemoved",
+                 "numTargetRowsCopied"):
+        assert int(ours_metrics[name]) == int(theirs_metrics[name]), name
+
+
 def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, lake) -> None:  # noqa: ANN001
     rng = random.Random(11)
     participant = Participant(lake_daemon.target, pipeline_id=f"all-{lake.name}")
