@@ -193,9 +193,10 @@ class TransactionMergeBuilder:
             target = self._table._frame(state)
         insert_only = all(c.kind == "not_matched" for c in self._clauses)
         with merge_source(self._source, insert_only) as source:
-            metrics = _merge(state, self._table, target, source, self._condition,
+            metrics = _merge(state, self._table, target, source.frame, self._condition,
                              self._clauses, _merge_parameters(self._condition, self._clauses),
                              self._schema_evolution)
+        metrics["materializeSourceTimeMs"] = source.materialize_ms
         state.metrics_update(metrics)
         updated = metrics["numTargetRowsUpdated"]
         deleted = metrics["numTargetRowsDeleted"]

@@ -14,8 +14,10 @@ when the MERGE is done.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -23,6 +25,7 @@ from pyspark.sql import DataFrame
 MODE_KEY = "spark.databricks.delta.merge.materializeSource"
 STORAGE_KEY = "spark.databricks.delta.merge.materializeSource.rddStorageLevel"
 DELTA_INDEX = "org.apache.spark.sql.delta.files.TahoeFileIndex"
+FILE_RELATION = "org.apache.spark.sql.execution.datasources.HadoopFsRelation"
 
 
 def needs_materializing(source: DataFrame, insert_only: bool) -> bool:
@@ -45,7 +48,7 @@ def _reads_only_delta(plan) -> bool:  # noqa: ANN001 - a JVM LogicalPlan
         if not leaf.getClass().getName().endswith(".LogicalRelation"):
             return False
         relation = leaf.relation()
-        if not relation.getClass().getName().endswith(".HadoopFsRelation") \
+        if not _is_a(relation.getClass(), FILE_RELATION) \
                 or not _is_a(relation.location().getClass(), DELTA_INDEX):
             return False
     return True
@@ -61,19 +64,26 @@ def _is_a(cls, name: str) -> bool:  # noqa: ANN001 - a java.lang.Class
     return False
 
 
+@dataclass(frozen=True)
+class MergeSource:
+    frame: DataFrame  # what the MERGE reads
+    materialize_ms: int  # what materializing it took (delta-spark's materializeSourceTimeMs)
+
+
 @contextmanager
-def merge_source(source: DataFrame, insert_only: bool) -> Iterator[DataFrame]:
+def merge_source(source: DataFrame, insert_only: bool) -> Iterator[MergeSource]:
     """``source`` as the MERGE reads it: materialized once when delta-spark's would be
     (released on leaving), else as it is."""
     if not needs_materializing(source, insert_only):
-        yield source
+        yield MergeSource(source, 0)
         return
     conf = source.sparkSession.conf
     level = getattr(StorageLevel, (conf.get(STORAGE_KEY, "DISK_ONLY") or "DISK_ONLY").upper(),
                     StorageLevel.DISK_ONLY)
+    started = time.monotonic()
     materialized = source.localCheckpoint(eager=True, storageLevel=level)
     try:
-        yield materialized
+        yield MergeSource(materialized, int((time.monotonic() - started) * 1000))
     finally:
         plan = materialized._jdf.queryExecution().analyzed()  # noqa: SLF001 - a LogicalRDD
         plan.rdd().unpersist(False)

@@ -368,8 +368,8 @@ def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
 
 def _time_metrics(operation: str, started: float, scanned: float,
                   written: float) -> dict[str, int]:
-    """Delta's time metrics: finding the rows (scan), writing the files (rewrite), both.
-    percolake does not materialize a MERGE's source (0 ms)."""
+    """Delta's time metrics: finding the rows (scan), writing the files (rewrite), both. A
+    MERGE's ``materializeSourceTimeMs`` is added by the MERGE (``sparkside.merge_source``)."""
     def ms(seconds: float) -> int:
         return int(seconds * 1000)
 
