@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
+from sparkside.merge_source import merge_source
 from sparkside.row_level import (
     DELETE,
     FILE,
@@ -220,10 +221,13 @@ class TransactionMergeBuilder:
             state.evolve(self._source, [c for c in self._source.columns
                                         if c.lower() not in known])
             target = self._table._frame(state)
-        metrics = _merge(state, self._table, target, self._source, self._condition,
-                         self._clauses, _merge_parameters(target, self._source,
-                                                          self._condition, self._clauses),
-                         self._schema_evolution)
+        insert_only = all(c.kind == "not_matched" for c in self._clauses)
+        with merge_source(self._source, insert_only) as source:
+            metrics = _merge(state, self._table, target, source.frame, self._condition,
+                             self._clauses, _merge_parameters(target, self._source,
+                                                              self._condition, self._clauses),
+                             self._schema_evolution)
+        metrics["materializeSourceTimeMs"] = source.materialize_ms
         state.metrics_update(metrics)
         updated = metrics["numTargetRowsUpdated"]
         deleted = metrics["numTargetRowsDeleted"]
@@ -341,11 +345,15 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
     if by_source:  # every target row may change
-        files = target.select(FILE).distinct()
-        touched = [r[0] for r in files.collect()]
-        state.note_read(files)
-    rewritten = table._rows(state, touched).withColumn(T_HERE, F.lit(True))
-    if not_matched:
+        touched = _files_where(state, target, F.lit(True))
+    insert_only = not matched and not by_source
+    rewritten = None if insert_only else \
+        table._rows(state, touched).withColumn(T_HERE, F.lit(True))
+    if rewritten is None:  # delta-spark's insert-only MERGE: one pass, no file rewritten
+        joined = source.observe(source_rows, F.count(F.lit(1)).alias("numSourceRows")) \
+            .join(target, condition, "left_anti") \
+            .withColumn(T_HERE, F.lit(None).cast("boolean"))
+    elif not_matched:
         joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))
                                                .alias("numSourceRows")),
                                 condition, "full_outer")
@@ -384,8 +392,8 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
     outputs, before = [], []
     for name in columns:
-        before.append(rewritten[name].alias(name))
-        value = rewritten[name]
+        value = F.lit(None).cast(types[name]) if rewritten is None else rewritten[name]
+        before.append(value.alias(name))
         for i, clause in reversed(numbered):
             if clause.action == "delete":
                 continue
@@ -442,6 +450,7 @@ def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, targ
     per_file_frame = per_key.groupBy(FILE).agg(F.max("n").alias("n"))
     per_file = per_file_frame.collect()
     state.note_read(per_file_frame)
+    state.note_scan(per_file_frame)
     touched = [r[FILE] for r in per_file]
     unambiguous = (len(matched) == 1 and matched[0].action == "delete"
                    and matched[0].condition is None)
@@ -525,11 +534,13 @@ def _on_partitions_only(target: DataFrame, condition: str | Column | None,
 
 
 def _files_where(state: RowLevelTable, target: DataFrame, matched: Column) -> list[str]:
-    """The files holding rows where ``matched`` holds (the find job, noted as the read)."""
+    """The files of ``target`` holding a row where ``matched`` holds (one Spark query, noted
+    as the operation's read; the add actions its scan listed are kept for the rewrite)."""
     files = target.where(matched).select(FILE).distinct()
-    touched = [r[0] for r in files.collect()]
+    found = [r[0] for r in files.collect()]
     state.note_read(files)
-    return touched
+    state.note_scan(files)
+    return found
 
 
 def _types(frame: DataFrame) -> dict[str, T.DataType]:

@@ -5,6 +5,11 @@ A row-level write rewrites the files holding rows it changes. Filtering the whol
 file and drops the rows afterwards), so the rewrite reads a relation built from those files'
 add actions, as delta-spark's own MERGE does (``DeltaLog.createDataFrame``): only they are
 listed, so only they are read, with their partition values and deletion vectors applied.
+
+Those add actions come from the query that found the files: delta-spark's scan of it holds the
+add actions it listed (``PreparedDeltaFileIndex``), so looking them up costs no Spark job; only
+when that scan is not there (another delta-spark, statistics skipping off) are they read from
+the snapshot's state by a Spark job.
 """
 
 from __future__ import annotations
@@ -35,9 +40,33 @@ class FileScan:
         none = jvm.scala.Option.empty()
         return cls(spark, log, log.getSnapshotAt(version, none, none, False))
 
+    def scanned(self, frame: DataFrame) -> dict[str, Any]:
+        """The add actions, by ``path`` as the log spells it, that the already executed
+        ``frame`` listed when it read this table at this snapshot's version ({} when its plan
+        holds no such listing)."""
+        found: dict[str, Any] = {}
+        data_path = self.log.dataPath().toString()
+        version = self.snapshot.version()
+        leaves = frame._jdf.queryExecution().optimizedPlan().collectLeaves().iterator()
+        while leaves.hasNext():
+            leaf = leaves.next()
+            if not leaf.getClass().getName().endswith(".LogicalRelation"):
+                continue
+            index = leaf.relation().location()
+            if not index.getClass().getName().endswith(".PreparedDeltaFileIndex"):
+                continue
+            scan = index.preparedScan()
+            if index.deltaLog().dataPath().toString() != data_path or scan.version() != version:
+                continue
+            files = scan.files().iterator()
+            while files.hasNext():
+                add = files.next()
+                found[add.path()] = add
+        return found
+
     def add_actions(self, paths: Iterable[str]) -> list[Any]:
         """The snapshot's add actions whose ``path`` is one of ``paths`` (as the log spells
-        them)."""
+        them), from its state: a Spark job (``scanned`` needs none)."""
         wanted = sorted(set(paths))
         if not wanted:
             return []

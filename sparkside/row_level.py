@@ -139,6 +139,7 @@ class RowLevelTable:
     reads: list[Predicate] = field(default_factory=list)
     operation_reads: list[Predicate] = field(default_factory=list)
     _file_scan: FileScan | None = field(default=None, repr=False)
+    _scanned: dict[str, Any] = field(default_factory=dict, repr=False)  # ``note_scan``'s
 
     @classmethod
     def read(cls, spark: SparkSession, table: str, location: str) -> RowLevelTable:
@@ -195,8 +196,7 @@ class RowLevelTable:
         """The current rows of exactly the files ``touched`` (``_metadata.file_path`` values
         from ``current()``), with FILE, in ``current()``'s columns: only those files are read
         (``sparkside.file_scan``), so a rewrite costs the files it rewrites."""
-        base = self._base()
-        columns = base.columns
+        columns = self.columns()  # the table's, as the scans below name them
         of_base = [p for p in touched if self._relative(p) not in self.added]
         of_batch = [p for p in touched if self._relative(p) in self.added]
         frame = None
@@ -207,6 +207,7 @@ class RowLevelTable:
         for spark_path in of_batch:
             path = self._relative(spark_path)
             by_folder.setdefault(self.added_folders[path], []).append(f"{self.table}/{path}")
+        base = self._base() if by_folder else None
         for folder, paths in sorted(by_folder.items()):
             written = self._written(base, folder, paths)
             frame = written if frame is None else frame.unionByName(written)
@@ -261,18 +262,28 @@ class RowLevelTable:
         """The add actions of ``read_version`` of the files ``touched`` (all of them, or
         AssertionError: the scan and the log disagree)."""
         spellings = {}
+        listed = []  # from the scan that found them, when it listed every one
         for spark_path in touched:
             relative = self._relative(spark_path)
             segments = relative.count("/") + 1  # the log's (URI-encoded) spelling, and ours
             raw = "/".join(urlparse(spark_path).path.split("/")[-segments:])
             spellings.update({raw: relative, relative: relative})
-        actions = self._scan().add_actions(spellings)
+            add = self._scanned.get(raw) or self._scanned.get(relative)
+            if add is not None:
+                listed.append(add)
+        actions = listed if len(listed) == len(touched) else \
+            self._scan().add_actions(spellings)
         found = {spellings[a.path()] for a in actions}
         missing = {self._relative(p) for p in touched} - found
         if missing:
             raise AssertionError(f"table {self.table} at version {self.read_version} has no "
                                  f"add action for {sorted(missing)[:3]}, which Spark read")
         return actions
+
+    def note_scan(self, frame: DataFrame) -> None:
+        """``frame``, just executed, found the files an operation touches: the add actions its
+        scan listed are looked up there (no Spark job) when the rewrite reads them."""
+        self._scanned = self._scan().scanned(frame)
 
     def columns(self) -> list[str]:
         return [f["name"] for f in json.loads(self.schema_json)["fields"]]
@@ -462,8 +473,8 @@ def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
 
 def _time_metrics(operation: str, started: float, scanned: float,
                   written: float) -> dict[str, int]:
-    """Delta's time metrics: finding the rows (scan), writing the files (rewrite), both.
-    percolake does not materialize a MERGE's source (0 ms)."""
+    """Delta's time metrics: finding the rows (scan), writing the files (rewrite), both. A
+    MERGE's ``materializeSourceTimeMs`` is added by the MERGE (``sparkside.merge_source``)."""
     def ms(seconds: float) -> int:
         return int(seconds * 1000)
 

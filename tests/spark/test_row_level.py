@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from percolake.lake.arrow_read import read_delta_table
 from sparkside import Participant
 from sparkside.errors import MultipleSourceRowsMatch, RowLevelWriteRefused
+from sparkside.merge_source import needs_materializing
 from tests.spark.helpers import committed_batches, transactions
 
 pytestmark = pytest.mark.spark
@@ -121,6 +122,31 @@ def test_merge_into_an_empty_table_equals_delta_spark(spark, lake_daemon, lake) 
     metrics = RustTable(str(ours)).history(1)[0]["operationMetrics"]
     assert int(metrics["numSourceRows"]) == source.count()
     assert int(metrics["numTargetRowsInserted"]) == source.where("op <> 'D'").count()
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_insert_only_merge_inserts_only_unmatched_rows_as_delta_spark_does(  # noqa: ANN001
+        spark, lake_daemon, lake, partitioned) -> None:
+    """A MERGE whose only clause is ``whenNotMatchedInsert``: source rows whose key the table
+    holds are not inserted again, no target file is rewritten (delta-spark's insert-only
+    MERGE: one pass, new files only)."""
+    rng = random.Random(13 + partitioned)
+    participant = Participant(lake_daemon.target, pipeline_id=f"ins-{lake.name}")
+    source = spark.createDataFrame(change_rows(rng, 30), f"{SCHEMA}, op string")
+
+    def insert_only(dt, src: DataFrame) -> object:  # noqa: ANN001
+        return (dt.alias("t").merge(src.alias("s"), "t.id = s.id AND t.region = s.region")
+                .whenNotMatchedInsert("s.op <> 'D'", values={"id": "s.id", "value": "s.value",
+                                                             "region": "s.region"})
+                .execute())
+
+    ours, theirs = side_by_side(spark, participant, lake, "facts", target_rows(rng, 30),
+                                partitioned, [insert_only], source)
+    ours_metrics = RustTable(str(ours)).history(1)[0]["operationMetrics"]
+    theirs_metrics = RustTable(str(theirs)).history(1)[0]["operationMetrics"]
+    for name in ("numSourceRows", "numTargetRowsInserted", "numTargetFilesRemoved",
+                 "numTargetRowsCopied"):
+        assert int(ours_metrics[name]) == int(theirs_metrics[name]), name
 
 
 def test_every_clause_and_several_operations_in_one_batch(spark, lake_daemon, lake) -> None:  # noqa: ANN001
@@ -590,3 +616,39 @@ def test_with_schema_evolution_adds_the_source_columns_as_delta_spark_does(
                            False, [evolving_merge], source)
     assert spark.read.format("delta").load(str(ours)).columns == ["id", "value", "region",
                                                                   "note"]
+
+
+def test_a_merge_computes_a_non_delta_source_once_and_reads_a_delta_source_as_it_is(  # noqa: ANN001
+        spark, lake_daemon, lake) -> None:
+    """delta-spark's rule (``sparkside.merge_source``): a source that is not a deterministic
+    read of Delta tables is materialized before the MERGE's two passes, so it is computed
+    once (counted here by a UDF over its rows); a Delta table's read is used as it is."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"once-{lake.name}")
+    rows = target_rows(random.Random(17), 20)
+    ours = lake / "once"
+    make_table(spark, ours, rows, False)
+    computed = spark.sparkContext.accumulator(0)
+
+    def counted(value: int) -> int:
+        computed.add(1)
+        return value
+
+    count = F.udf(counted, "long")
+    source = spark.range(10, 30).select(count(F.col("id")).alias("id"),
+                                        F.lit(7).cast("long").alias("value"))
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        (txn.delta_table(str(ours)).alias("t").merge(source.alias("s"), "t.id = s.id")
+         .whenMatchedUpdate(set={"value": "s.value"})
+         .whenNotMatchedInsert(values={"id": "s.id", "value": "s.value", "region": "'eu'"})
+         .execute())
+
+    participant.run_batch(spark.range(1), 0, batch)
+    assert computed.value == 20, "each source row computed once, not once per pass"
+    assert needs_materializing(source, insert_only=False)
+    assert not needs_materializing(source, insert_only=True)
+    delta_source = spark.read.format("delta").load(str(ours)).where("id < 5")
+    assert not needs_materializing(delta_source, insert_only=False)
+    assert needs_materializing(delta_source.withColumn("r", F.rand()), insert_only=False)
+    assert sorted(r.value for r in spark.read.format("delta").load(str(ours))
+                  .where("id >= 10").collect()) == [7] * 20
