@@ -48,7 +48,9 @@ from percolake.lake.log_entry import (
 from percolake.lake.schema_evolution import (
     MAX_COLUMN_ID,
     SchemaConflict,
+    added_columns,
     column_mapping_problem,
+    extends,
     max_column_id,
     merged_schema,
 )
@@ -691,13 +693,15 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
     problems = []
     missing = sorted(set(existing) - set(new))
     extra = sorted(set(new) - set(existing))
+    extra += [c for c in added_columns(existing_json, new_json) if "." in c]  # nested fields
     if missing:
         problems.append(f"missing columns {missing}")
     if extra:
         problems.append(f"unknown columns {extra} (txn.write(..., merge_schema=True) adds them "
                         "to the table)")
     for name in sorted(set(existing) & set(new)):
-        if _shape(existing[name]["type"]) != _shape(new[name]["type"]):
+        if _shape(existing[name]["type"]) != _shape(new[name]["type"]) \
+                and not extends(existing[name]["type"], new[name]["type"]):
             problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "
                             f"table but {json.dumps(new[name]['type'])} in the batch")
     if partition_by is not None and list(partition_by) != list(existing_partitions):
