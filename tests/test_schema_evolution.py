@@ -423,3 +423,33 @@ def test_fields_added_inside_arrays_and_maps_are_new_columns_named_and_mapped(tm
     assert ids["fields"][0]["type"]["elementType"]["fields"][1]["metadata"][
         "delta.columnMapping.id"] == 5
     assert merge_problem(layout, json.dumps(ids), ()) is None
+
+
+def test_the_source_refuses_nested_fields_added_upstream_and_reads_lacked_ones_as_null(tmp_path):
+    """A struct, an array's structs and a map's values that gained a field after the query
+    started: refused naming them (or left out with new_columns=ignore); older files that lack
+    a field the query's schema has read it as null."""
+    def struct(*names: str) -> pa.DataType:
+        return pa.struct([(n, pa.int64()) for n in names])
+
+    def write(name: str, *fields: str) -> FilePartition:
+        data = pa.table({"s": pa.array([dict.fromkeys(fields, 1)], struct(*fields)),
+                         "a": pa.array([[dict.fromkeys(fields, 2)]], pa.list_(struct(*fields))),
+                         "m": pa.array([[("k", dict.fromkeys(fields, 3))]],
+                                       pa.map_(pa.string(), struct(*fields)))})
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(data, path)
+        return FilePartition("file:///lake/t", 4, DataFile(str(path), path.stat().st_size, ()))
+
+    started_with = pa.schema([("s", struct("x", "y")), ("a", pa.list_(struct("x", "y"))),
+                              ("m", pa.map_(pa.string(), struct("x", "y")))])
+    newer = write("newer", "x", "y", "z")
+    with pytest.raises(UpstreamSchemaChanged, match=r"\['a.element.z', 'm.value.z', 's.z'\]"
+                                                    r".*Restart the query.*new_columns"):
+        list(read_file(newer, started_with))
+    (ignored,) = [b.to_pylist() for b in read_file(newer, started_with, ignore_new_columns=True)]
+    assert ignored == [{"s": {"x": 1, "y": 1}, "a": [{"x": 2, "y": 2}],
+                        "m": [("k", {"x": 3, "y": 3})]}]
+    (older,) = [b.to_pylist() for b in read_file(write("older", "x"), started_with)]
+    assert older == [{"s": {"x": 1, "y": None}, "a": [{"x": 2, "y": None}],
+                      "m": [("k", {"x": 3, "y": None})]}]
