@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from percolake.errors import InvalidArgument, ResourceExhausted
+from percolake.lake.read_set import ReadSet
 from percolake.lake.warehouse import ATTEMPT_DIR
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 
@@ -356,6 +357,8 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
     if write.mode != WriteMode.ROW_LEVEL:
         if write.remove_files:
             raise InvalidArgument(f"table {table}: remove_files needs the ROW_LEVEL mode")
+        if write.change_files:
+            raise InvalidArgument(f"table {table}: change_files needs the ROW_LEVEL mode")
         return
     if write.read_version < 0:
         raise InvalidArgument(f"table {table}: a ROW_LEVEL write needs the read_version it "
@@ -382,6 +385,12 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
                 isinstance(v, str) for v in parameters.values()):
             raise InvalidArgument(f"table {table}: operation_parameters must be a JSON object "
                                   "of strings")
+    if write.read_set:
+        read_set = parse_json(f"table {table}: read_set", write.read_set)
+        try:
+            ReadSet.from_data(read_set)
+        except ValueError as exc:
+            raise InvalidArgument(f"table {table}: read_set: {exc}") from None
     removed = Counter(f.path for f in write.remove_files)
     twice = sorted(p for p, n in removed.items() if n > 1)[:3]
     if twice:
@@ -391,6 +400,7 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
         raise InvalidArgument(f"table {table}: files both added and removed: "
                               f"{sorted(added)[:3]}")
     partitions = set(write.partition_by)
+    _check_change_files(write, txn_id)
     for remove in write.remove_files:
         parts = remove.path.split("/")
         if (remove.path.startswith("/") or "://" in remove.path
@@ -405,6 +415,31 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
             raise InvalidArgument(
                 f"table {table}: removed file {remove.path} has partition values for "
                 f"{sorted(remove.partition_values)}, the table is partitioned by "
+                f"{sorted(partitions)}")
+
+
+def _check_change_files(write: TableWriteRecord, txn_id: str) -> None:
+    """Change data files (cdc actions) lie in the attempt's folder, once each, apart from the
+    add files, with sizes and the table's partition columns."""
+    table = write.table
+    paths = Counter(f.path for f in write.change_files)
+    twice = sorted(p for p, n in paths.items() if n > 1)[:3]
+    if twice:
+        raise InvalidArgument(f"table {table}: change files listed twice: {twice}")
+    also_added = sorted({f.path for f in write.add_files} & set(paths))[:3]
+    if also_added:
+        raise InvalidArgument(f"table {table}: files both added and change files: "
+                              f"{also_added}")
+    partitions = set(write.partition_by)
+    for change in write.change_files:
+        _check_file_path(table, change.path, f"{ATTEMPT_DIR}/{txn_id}/")
+        if not 0 <= change.size <= MAX_FILE_BYTES:
+            raise InvalidArgument(f"table {table}: change file {change.path} has size "
+                                  f"{change.size}; 0 to {MAX_FILE_BYTES} bytes per file")
+        if set(change.partition_values) != partitions:
+            raise InvalidArgument(
+                f"table {table}: change file {change.path} has partition values for "
+                f"{sorted(change.partition_values)}, the table is partitioned by "
                 f"{sorted(partitions)}")
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from percolake.errors import InvalidArgument
 from percolake.records import (
     AddFileRecord,
+    ChangeFileRecord,
     PipelineRecord,
     RemoveFileRecord,
     TableEntry,
@@ -45,11 +48,18 @@ def state_from_pb(value: int) -> TxnState:
     return _STATE_FROM_PB[value]
 
 
-def _partition_values(values: dict[str, str], nulls: list[str]) -> dict[str, str | None]:
-    overlap = set(values) & set(nulls)
+def _partition_values(values: Mapping[str, str],
+                      nulls: Sequence[str]) -> dict[str, str | None]:
+    """A file's partition values from the message's map and its null columns (one copy)."""
+    # an unpartitioned table's files send an empty map: no copy through the Mapping protocol
+    merged: dict[str, str | None] = dict(values) if len(values) else {}
+    if not nulls:  # the usual case: nothing to check
+        return merged
+    overlap = set(merged) & set(nulls)
     if overlap:
         raise InvalidArgument(f"partition columns {sorted(overlap)} are both null and valued")
-    return {**dict(values), **{c: None for c in nulls}}
+    merged.update(dict.fromkeys(nulls))
+    return merged
 
 
 def _partition_fields(values: dict[str, str | None]) -> tuple[dict[str, str], list[str]]:
@@ -66,28 +76,34 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
         add_files=tuple(
             AddFileRecord(
                 path=f.path, size=f.size,
-                partition_values=_partition_values(dict(f.partition_values),
-                                                   list(f.null_partition_columns)),
+                partition_values=_partition_values(f.partition_values,
+                                                   f.null_partition_columns),
                 modification_time=f.modification_time, stats=f.stats,
             )
             for f in msg.add_files
         ),
         schema_json=msg.schema_json,
         partition_by=tuple(msg.partition_by),
-        replace_partitions=tuple(_partition_values(dict(p.values), list(p.null_columns))
+        replace_partitions=tuple(_partition_values(p.values, p.null_columns)
                                  for p in msg.replace_partitions),
         merge_schema=msg.merge_schema,
         catalog_name=msg.catalog_name,
         remove_files=tuple(
             RemoveFileRecord(path=f.path, size=f.size,
-                             partition_values=_partition_values(dict(f.partition_values),
-                                                                list(f.null_partition_columns)))
+                             partition_values=_partition_values(f.partition_values,
+                                                                f.null_partition_columns))
             for f in msg.remove_files),
         read_version=msg.read_version if msg.mode == pb.ROW_LEVEL else -1,
         operation=msg.operation,
         operation_metrics=msg.operation_metrics,
         data_change=not (msg.mode == pb.ROW_LEVEL and msg.rearranges_only),
         operation_parameters=msg.operation_parameters,
+        change_files=tuple(
+            ChangeFileRecord(path=f.path, size=f.size,
+                             partition_values=_partition_values(dict(f.partition_values),
+                                                                list(f.null_partition_columns)))
+            for f in msg.change_files),
+        read_set=msg.read_set if msg.mode == pb.ROW_LEVEL else "",
     )
 
 
@@ -113,6 +129,11 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         msg.operation_metrics = write.operation_metrics
         msg.rearranges_only = not write.data_change
         msg.operation_parameters = write.operation_parameters
+        msg.read_set = write.read_set
+    for f in write.change_files:
+        values, nulls = _partition_fields(f.partition_values)
+        msg.change_files.add(path=f.path, size=f.size, partition_values=values,
+                             null_partition_columns=nulls)
     return msg
 
 

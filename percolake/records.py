@@ -52,6 +52,17 @@ class RemoveFileRecord:
 
 
 @dataclass(frozen=True)
+class ChangeFileRecord:
+    """One change data file (Delta's ``cdc`` action) a row-level write adds to a table with the
+    change data feed: the changed rows with ``_change_type``; ``path`` is relative to the table
+    root (docs/row-level-writes.md, Change data feed)."""
+
+    path: str
+    size: int
+    partition_values: PartitionValues = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TableWriteRecord:
     """The full write intent of one table: enough to finish its Delta commit alone."""
 
@@ -77,6 +88,12 @@ class TableWriteRecord:
     data_change: bool = True
     # ROW_LEVEL only: the commit's Delta operationParameters (a JSON object of strings)
     operation_parameters: str = ""
+    # ROW_LEVEL only, tables with delta.enableChangeDataFeed: the change data files the commit
+    # names in its cdc actions (written into the attempt's folder like the add files)
+    change_files: tuple[ChangeFileRecord, ...] = ()
+    # ROW_LEVEL only: what the write read, for Delta's conflict rules (a JSON object,
+    # percolake.lake.read_set.ReadSet; "" for the whole table under Serializable)
+    read_set: str = ""
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -88,6 +105,11 @@ class TableWriteRecord:
             "operation_metrics": self.operation_metrics,
             "data_change": self.data_change,
             "operation_parameters": self.operation_parameters,
+            # absent when empty: records written before it read the same
+            **({"change_files": [{"path": f.path, "size": f.size,
+                                  "partition_values": dict(f.partition_values)}
+                                 for f in self.change_files]} if self.change_files else {}),
+            **({"read_set": self.read_set} if self.read_set else {}),
         }
         data = {
             "table": self.table,
@@ -137,6 +159,8 @@ class TableWriteRecord:
             operation_metrics=data.get("operation_metrics", ""),
             data_change=bool(data.get("data_change", True)),
             operation_parameters=data.get("operation_parameters", ""),
+            change_files=tuple(ChangeFileRecord(**f) for f in data.get("change_files", ())),
+            read_set=data.get("read_set", ""),
         )
 
     def row_count(self) -> int:

@@ -54,14 +54,17 @@ class ColumnMapping:
     def evolved(cls, layout: TableLayout, batch_json: str) -> ColumnMapping | None:
         """The mapping of the table's schema merged with a ``merge_schema`` batch's new
         columns, each with an id above the table's maxColumnId and a physical name (as
-        delta-spark assigns them); None if the batch adds no column. Its ``schema_json`` is
-        the schema the write intent carries."""
-        if not added_columns(layout.schema_json, batch_json):
-            return None
+        delta-spark assigns them), and its widened columns' new types (``delta.typeChanges``);
+        None if the batch adds no column and widens none. Its ``schema_json`` is the schema
+        the write intent carries."""
         try:  # the batch's own field metadata is left out: only the ids assigned here count
-            merged = merged_schema(layout.schema_json, batch_json)
+            merged = merged_schema(layout.schema_json, batch_json,
+                                   type_widening=layout.type_widening)
         except SchemaConflict:
             return None  # the schema check refuses the batch, naming the columns
+        if not added_columns(layout.schema_json, batch_json) \
+                and json.loads(merged) == json.loads(layout.schema_json):
+            return None
         return cls(with_column_mapping(merged, layout.max_column_id))
 
     def frame(self, df: DataFrame) -> DataFrame:

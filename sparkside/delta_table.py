@@ -17,7 +17,18 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
-from sparkside.row_level import FILE, RowLevelTable, column_mapping, condition_column, observed
+from sparkside.row_level import (
+    DELETE,
+    FILE,
+    INSERT,
+    UPDATE_POSTIMAGE,
+    UPDATE_PREIMAGE,
+    RowLevelTable,
+    change_rows,
+    column_mapping,
+    condition_column,
+    observed,
+)
 
 TableState = Callable[[], RowLevelTable]
 T_HERE, S_HERE, ACTION, ROW_ID = "__percolake_t", "__percolake_s", "__percolake_action", \
@@ -40,7 +51,9 @@ class TransactionDeltaTable:
     def toDF(self) -> DataFrame:  # noqa: N802 - delta-spark's name
         """The table as of this batch so far: its version read plus the batch's earlier
         operations on it."""
-        return self._frame().drop(FILE)
+        state = self._state()
+        state.read_whole_table()  # what the batch does with the rows is not known
+        return self._frame(state).drop(FILE)
 
     def delete(self, condition: str | Column | None = None) -> None:
         """Deletes the rows where ``condition`` is true (all rows without one)."""
@@ -48,16 +61,22 @@ class TransactionDeltaTable:
         state.start()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, condition_column(condition))
+        touched = _files_where(state, target, condition_column(condition))
         observation = Observation("percolake_delete")
-        rows = self._rows(state, touched).observe(
+        read = self._rows(state, touched)
+        rows = read.observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
             F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
         output = rows.where(~matched).select(*state.columns()) if touched else None
+        # as delta-spark: no change file when the condition names partition columns only
+        # (whole files go; change data readers take their removes as deletes)
+        changes = change_rows(read, [(matched, _row(read, state.columns()), DELETE)]) \
+            if state.change_data and touched \
+            and not _on_partitions_only(target, condition, state.partition_by) else None
         state.replace(touched, output, "DELETE",
                       {} if touched else {"numDeletedRows": 0, "numCopiedRows": 0},
                       {"predicate": _predicates([condition if condition is not None
-                                                 else "true"])})
+                                                 else "true"])}, changes)
         if touched:
             state.metrics_update(observed(observation))
 
@@ -72,20 +91,28 @@ class TransactionDeltaTable:
         names = _resolve(state, assignments, "UPDATE")
         parameters = {"predicate": _predicates([condition] if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
-        touched = _files_where(target, condition_column(condition))
+        touched = _files_where(state, target, condition_column(condition))
         if not touched:
             state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0},
                           parameters)
             return
         observation = Observation("percolake_update")
-        rows = self._rows(state, touched).observe(
+        read = self._rows(state, touched)
+        rows = read.observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numUpdatedRows"),
             F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
         types = _types(target)
         output = rows.select(*[
             F.when(matched, assignments[names[c]].cast(types[c])).otherwise(F.col(c)).alias(c)
             if c in names else F.col(c) for c in state.columns()])
-        state.replace(touched, output, "UPDATE", {}, parameters)
+        changes = None
+        if state.change_data:
+            updated = F.struct(*[assignments[names[c]].cast(types[c]).alias(c) if c in names
+                                 else read[c] for c in state.columns()])
+            changes = change_rows(read, [
+                (matched, _row(read, state.columns()), UPDATE_PREIMAGE),
+                (matched, updated, UPDATE_POSTIMAGE)])
+        state.replace(touched, output, "UPDATE", {}, parameters, changes)
         state.metrics_update(observed(observation))
 
     def merge(self, source: DataFrame, condition: str | Column) -> TransactionMergeBuilder:
@@ -275,7 +302,9 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         metrics.update(observed(source_rows))
         source_rows = Observation("percolake_merge_source_rewrite")
     if by_source:  # every target row may change
-        touched = [r[0] for r in target.select(FILE).distinct().collect()]
+        files = target.select(FILE).distinct()
+        touched = [r[0] for r in files.collect()]
+        state.note_read(files)
     rewritten = table._rows(state, touched).withColumn(T_HERE, F.lit(True))
     if not_matched:
         joined = rewritten.join(source.observe(source_rows, F.count(F.lit(1))
@@ -297,6 +326,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
             when = when & F.coalesce(clause.condition, F.lit(False))
         action = action.when(when, F.lit(i))
     joined = joined.withColumn(ACTION, action.otherwise(F.lit(None)).cast("int"))
+    acted = joined
     act = F.col(ACTION)
 
     def count_of(kind: str, what: str, name: str) -> Column:
@@ -313,8 +343,9 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         count_of("not_matched_by_source", "update", "numTargetRowsNotMatchedBySourceUpdated"),
         count_of("not_matched_by_source", "delete", "numTargetRowsNotMatchedBySourceDeleted"),
         F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
-    outputs = []
+    outputs, before = [], []
     for name in columns:
+        before.append(rewritten[name].alias(name))
         value = rewritten[name]
         for i, clause in reversed(numbered):
             if clause.action == "delete":
@@ -329,7 +360,18 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     deletes = [i for i, c in numbered if c.action == "delete"]
     keep = (act.isNotNull() & ~act.isin(deletes)) if deletes else act.isNotNull()
     output = joined.where(keep | (act.isNull() & t_here)).select(*outputs)
-    state.replace(touched, output, "MERGE", {}, parameters)
+    changes = None
+    if state.change_data and touched:  # as delta-spark: none when no target file is rewritten
+        def of(action: str) -> Column:
+            ids = [i for i, c in numbered if c.action == action]
+            return act.isin(ids) if ids else F.lit(False)
+
+        after = F.struct(*outputs)
+        changes = change_rows(acted, [
+            (of("update"), F.struct(*before), UPDATE_PREIMAGE),
+            (of("update"), after, UPDATE_POSTIMAGE),
+            (of("delete"), F.struct(*before), DELETE), (of("insert"), after, INSERT)])
+    state.replace(touched, output, "MERGE", {}, parameters, changes)
     metrics.update(observed(rewrite))
     if "numSourceRows" not in metrics:
         metrics.update(observed(source_rows) if not_matched else {})
@@ -358,7 +400,9 @@ def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, targ
     key = F.xxhash64(*hashable) if hashable else F.lit(0)
     per_key = target.join(observed_source, condition, "inner").groupBy(
         F.col(FILE), key.alias(ROW_ID)).agg(F.count(F.lit(1)).alias("n"))
-    per_file = per_key.groupBy(FILE).agg(F.max("n").alias("n")).collect()
+    per_file_frame = per_key.groupBy(FILE).agg(F.max("n").alias("n"))
+    per_file = per_file_frame.collect()
+    state.note_read(per_file_frame)
     touched = [r[FILE] for r in per_file]
     unambiguous = (len(matched) == 1 and matched[0].action == "delete"
                    and matched[0].condition is None)
@@ -419,8 +463,34 @@ def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str) ->
     return resolved
 
 
-def _files_where(target: DataFrame, matched: Column) -> list[str]:
-    return [r[0] for r in target.where(matched).select(FILE).distinct().collect()]
+def _row(frame: DataFrame, columns: list[str]) -> Column:
+    """The table's columns of ``frame``'s row, as a struct (a change row's values)."""
+    return F.struct(*[frame[c] for c in columns])
+
+
+def _on_partitions_only(target: DataFrame, condition: str | Column | None,
+                        partition_by: list[str]) -> bool:
+    """Whether ``condition`` names no column but partition columns (None: true), as
+    delta-spark's DELETE tells a delete of whole files from one that rewrites them: the
+    columns the analyzed filter references. Unknown (an unexpected plan): False, which
+    writes change files, right for change data readers either way."""
+    if condition is None:
+        return True
+    try:
+        plan = target.where(condition_column(condition))._jdf.queryExecution().analyzed()
+        references = plan.condition().references().toSeq()
+        names = {references.apply(i).name().lower() for i in range(references.size())}
+    except Exception:  # noqa: BLE001 - a plan of another shape: not a partition-only filter
+        return False
+    return names <= {c.lower() for c in partition_by}
+
+
+def _files_where(state: RowLevelTable, target: DataFrame, matched: Column) -> list[str]:
+    """The files holding rows where ``matched`` holds (the find job, noted as the read)."""
+    files = target.where(matched).select(FILE).distinct()
+    touched = [r[0] for r in files.collect()]
+    state.note_read(files)
+    return touched
 
 
 def _types(frame: DataFrame) -> dict[str, T.DataType]:

@@ -10,6 +10,13 @@ partitions and files by their statistics), has the executors read exactly those 
 into the attempt's folder, and replaces them in the state:
 a later operation reads the earlier ones' output (read your own writes). At the commit the state
 is one ROW_LEVEL write intent: the files it adds, the files of ``read_version`` it removes.
+
+On a table with the change data feed (``delta.enableChangeDataFeed``) an operation also writes
+its changed rows with ``_change_type`` as change data files (the commit's ``cdc`` actions), where
+delta-spark writes them; where delta-spark writes none (a MERGE that rewrote no file, a DELETE
+whose condition names partition columns only, an append) the adds and removes say it all, unless
+another operation of the commit wrote change files: a change data reader then reads only those,
+so the implied changes are written as change files too (``write_record``).
 """
 
 from __future__ import annotations
@@ -29,26 +36,39 @@ from pyspark.sql import types as T
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import files_of_version, open_table
+from percolake.lake.read_set import (
+    WHOLE_TABLE,
+    WRITE_SERIALIZABLE,
+    Predicate,
+    ReadSet,
+    table_isolation_level,
+    union,
+)
 from percolake.lake.schema_evolution import merged_schema
 from percolake.lake.warehouse import local_path, spark_uri
-from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
+from percolake.records import (
+    AddFileRecord,
+    ChangeFileRecord,
+    RemoveFileRecord,
+    TableWriteRecord,
+    WriteMode,
+)
 from sparkside.column_mapping import ColumnMapping
 from sparkside.errors import RowLevelWriteRefused
 from sparkside.file_scan import FileScan
+from sparkside.read_predicates import read_predicate
 from sparkside.reader import read_table_version
 from sparkside.writer import delta_schema_json, write_files
 
 FILE = "__percolake_file"  # the hidden column naming each row's data file
 USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
 SPARK_WRITE_MARK = "percolake:inside-batch:"
-# table properties row-level writes refuse unless they have one of the allowed values: why
-UNSUPPORTED_PROPERTIES = {
-    # delta-spark writes _change_data files of the changed rows; a rewrite without them would
-    # show change-data readers every row of each rewritten file deleted and inserted again
-    "delta.enableChangeDataFeed": (("false", "False", ""), "its change data feed would show "
-                                   "whole rewritten files deleted and inserted, where "
-                                   "delta-spark records only the changed rows"),
-}
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+CHANGE_TYPE = "_change_type"  # Delta's change data column and its values
+INSERT, DELETE = "insert", "delete"
+UPDATE_PREIMAGE, UPDATE_POSTIMAGE = "update_preimage", "update_postimage"
+CHANGE_FOLDER = "_change_data"
+_EVENT, _ROW = "__percolake_change", "row"
 
 
 def condition_column(condition: str | Column | None, argname: str = "'condition'") -> Column:
@@ -107,6 +127,15 @@ class RowLevelTable:
     started: float = 0.0  # when the running operation started (time.monotonic)
     evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
     mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
+    change_data: bool = False  # delta.enableChangeDataFeed: operations write change files
+    changes: dict[str, ChangeFileRecord] = field(default_factory=dict)  # by relative path
+    implied: list[DataFrame] = field(default_factory=list)  # changes no change file holds yet
+    implied_written: int = 0  # folders of implied changes written so far
+    # what the operations read, for Delta's conflict rules (percolake.lake.read_set): the
+    # table's isolation level, each operation's read predicate, the running one's reads
+    isolation_level: str = WRITE_SERIALIZABLE
+    reads: list[Predicate] = field(default_factory=list)
+    operation_reads: list[Predicate] = field(default_factory=list)
     _file_scan: FileScan | None = field(default=None, repr=False)
 
     @classmethod
@@ -114,8 +143,8 @@ class RowLevelTable:
         """The table at its latest version, pinned: call with the table held by the attempt.
 
         Raises:
-            RowLevelWriteRefused: no Delta table there, or a table feature copy-on-write
-                cannot honour (change data feed).
+            RowLevelWriteRefused: no Delta table there, or the change data feed on a
+                column-mapped table (its change files are not written under physical names).
         """
         delta = open_table(table)
         if delta is None:
@@ -123,20 +152,25 @@ class RowLevelTable:
                 f"{table} is not a Delta table: txn.delta_table needs an existing table "
                 "(create it first, e.g. with CREATE TABLE ... USING DELTA or txn.write)")
         configuration = delta.metadata().configuration
-        for key, (allowed, why) in UNSUPPORTED_PROPERTIES.items():
-            if key in configuration and str(configuration[key]) not in allowed:
-                raise RowLevelWriteRefused(
-                    f"table {table} has {key}={configuration[key]}: percolake's row-level "
-                    f"writes do not support it yet ({why})")
+        change_data = str(configuration.get(CHANGE_DATA_FEED, "")).lower() == "true"
+        mapped = str(configuration.get("delta.columnMapping.mode") or "none") != "none"
+        if change_data and mapped:
+            raise RowLevelWriteRefused(
+                f"table {table} has {CHANGE_DATA_FEED}=true and column mapping "
+                f"(delta.columnMapping.mode={configuration['delta.columnMapping.mode']}): "
+                "percolake's row-level writes do not write its change data files under the "
+                "physical column names yet; use delta-spark outside the transaction, or turn "
+                f"the feed off (ALTER TABLE ... SET TBLPROPERTIES ({CHANGE_DATA_FEED} = false))")
         version = delta.version()
         files = files_of_version(table, version)
         readers = delta.protocol().reader_features or []
         vectors = deletion_vectors(table, version) if "deletionVectors" in readers else {}
-        mapped = str(configuration.get("delta.columnMapping.mode") or "none") != "none"
         return cls(spark, table, location, version, files.schema_json,
                    list(files.partition_columns), {f.path: f for f in files.files},
                    with_vectors=frozenset(vectors),
-                   mapping=ColumnMapping(files.schema_json) if mapped else None)
+                   mapping=ColumnMapping(files.schema_json) if mapped else None,
+                   change_data=change_data,
+                   isolation_level=table_isolation_level(configuration))
 
     # ------------------------------------------------------------------ reading
 
@@ -243,26 +277,49 @@ class RowLevelTable:
     def start(self) -> None:
         """Marks the start of an operation (its time metrics count from here)."""
         self.started = time.monotonic()
+        self.operation_reads = []
+
+    def note_read(self, frame: DataFrame) -> None:
+        """The running operation read the table by ``frame`` (a job over ``current()``): its
+        read predicate is the partition filters delta-spark listed the files by. Every job
+        of an operation that reads the table's rows beyond the files it replaces must be
+        noted; an operation that notes none counts as reading the whole table."""
+        self.operation_reads.append(
+            read_predicate(frame, self.table, self.read_version, self.partition_by))
+
+    def read_whole_table(self) -> None:
+        """The batch read the table's rows outside an operation (``toDF()``): every file."""
+        self.reads.append(WHOLE_TABLE)
 
     def replace(self, touched: Sequence[str], output: DataFrame | None, operation: str,
-                metrics: dict[str, int],
-                parameters: dict[str, str] | None = None) -> dict[str, int]:
+                metrics: dict[str, int], parameters: dict[str, str] | None = None,
+                changes: DataFrame | None = None) -> dict[str, int]:
         """Writes ``output`` (rows in the table's columns) as new files and replaces the files
         ``touched`` (``_metadata.file_path`` values) with them; adds the file and time metrics
-        and records the operation's Delta ``parameters``.
+        and records the operation's Delta ``parameters``. On a table with the change data
+        feed, ``changes`` (``change_rows``) are written as change files; None: the operation's
+        changes are the rows of its new files (inserts) and of ``touched`` (deletes), kept
+        for ``write_record``.
 
         A replaced file that carries a deletion vector is removed with it (the apply reads it
         from the log): its visible rows, the ones the rewrite read, are what it writes back.
         """
         scanned = time.monotonic()
+        folder = f"{self.location}/op{len(self.operations)}"
+        if self.change_data and changes is None and touched:  # read before they leave
+            self.implied.append(self._as_changes(self.rows_of(touched), DELETE))
         adds: list[AddFileRecord] = []
         if output is not None:
-            folder = f"{self.location}/op{len(self.operations)}"
             adds = (write_files(output, self.table, folder, self.partition_by)
                     if self.mapping is None
                     else self.mapping.write(output, self.table, folder, self.partition_by))
             self.added_folders.update({a.path: folder for a in adds})
             self.added.update({a.path: a for a in adds})
+        change_files = 0
+        if self.change_data and changes is not None:
+            change_files = self._write_changes(changes, folder)
+        elif self.change_data and adds:
+            self._imply_inserts(adds, folder)
         written = time.monotonic()
         removed_files = removed_bytes = removed_vectors = 0
         for spark_path in touched:
@@ -280,15 +337,20 @@ class RowLevelTable:
                 removed_vectors += path in self.with_vectors
         metrics = {**metrics,
                    **_file_metrics(operation, len(adds), sum(a.size for a in adds),
-                                   removed_files, removed_bytes, removed_vectors),
+                                   removed_files, removed_bytes, removed_vectors,
+                                   change_files),
                    **_time_metrics(operation, self.started or scanned, scanned, written)}
         self.operations.append(operation)
         self.parameters.append(dict(parameters or {}))
+        self.reads.append(union(self.operation_reads) if self.operation_reads else WHOLE_TABLE)
+        self.operation_reads = []
         self.metrics_update(metrics)
         return metrics
 
     def include_append(self, adds: Sequence[AddFileRecord], folder: str) -> None:
         """An append of the batch (``txn.write``), in call order (``RowLevelWrites``)."""
+        if self.change_data and adds:
+            self._imply_inserts(adds, folder)
         self.added.update({a.path: a for a in adds})
         self.added_folders.update({a.path: folder for a in adds})
         self.operations.append("WRITE")
@@ -302,10 +364,45 @@ class RowLevelTable:
         for key, value in metrics.items():
             self.metrics[key] = self.metrics.get(key, 0) + value
 
+    def _write_changes(self, changes: DataFrame, folder: str) -> int:
+        """Has the executors write ``changes`` as change files under ``folder``'s
+        ``_change_data`` (partitioned like the table); returns how many."""
+        written = write_files(changes.select(*self.columns(), CHANGE_TYPE), self.table,
+                              f"{folder}/{CHANGE_FOLDER}", self.partition_by)
+        self.changes.update({a.path: ChangeFileRecord(a.path, a.size, dict(a.partition_values))
+                             for a in written})
+        return len(written)
+
+    def _imply_inserts(self, adds: Sequence[AddFileRecord], folder: str) -> None:
+        paths = [f"{self.table}/{a.path}" for a in adds]
+        self.implied.append(self._as_changes(self._written(self._base(), folder, paths), INSERT))
+
+    def _as_changes(self, rows: DataFrame, change_type: str) -> DataFrame:
+        return rows.select(*[c for c in rows.columns if c != FILE],
+                           F.lit(change_type).alias(CHANGE_TYPE))
+
+    def _write_implied(self) -> None:
+        """A commit with change files is read by change data readers from them alone: the
+        changes of operations that wrote none are written as change files too."""
+        if not (self.changes and self.implied):
+            return
+        types = {f.name: f.dataType for f in self.evolved}
+        frames = [frame.select(*[F.col(c) if c in frame.columns
+                                 else F.lit(None).cast(types[c]).alias(c)
+                                 for c in self.columns()], CHANGE_TYPE)
+                  for frame in self.implied]
+        union = frames[0]
+        for frame in frames[1:]:
+            union = union.unionByName(frame)
+        self._write_changes(union, f"{self.location}/implied{self.implied_written}")
+        self.implied_written += 1
+        self.implied = []
+
     def write_record(self) -> TableWriteRecord | None:
         """The batch's ROW_LEVEL write intent of the table, None if nothing changed."""
         if not self.added and not self.removed:
             return None
+        self._write_implied()
         return TableWriteRecord(
             table=self.table, mode=WriteMode.ROW_LEVEL,
             add_files=tuple(sorted(self.added.values(), key=lambda a: a.path)),
@@ -315,7 +412,9 @@ class RowLevelTable:
             read_version=self.read_version, operation=",".join(self.operations),
             operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
                                          separators=(",", ":")),
-            operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")))
+            operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")),
+            change_files=tuple(sorted(self.changes.values(), key=lambda c: c.path)),
+            read_set=ReadSet(self.isolation_level, union(self.reads)).to_json())
 
     def commit_parameters(self) -> dict[str, str]:
         """The commit's operationParameters: one operation's own (as delta-spark writes
@@ -340,19 +439,20 @@ class RowLevelTable:
 
 
 def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
-                  removed_bytes: int, removed_vectors: int) -> dict[str, int]:
+                  removed_bytes: int, removed_vectors: int,
+                  change_files: int = 0) -> dict[str, int]:
     """Delta's file metrics under the names its operation uses. Copy-on-write adds no
-    deletion vector and no change file; a removed file's vector is removed with it."""
+    deletion vector; a removed file's vector is removed with it."""
     if operation == "MERGE":
         return {"numTargetFilesAdded": added, "numTargetFilesRemoved": removed,
                 "numTargetBytesAdded": added_bytes, "numTargetBytesRemoved": removed_bytes,
                 "numTargetDeletionVectorsAdded": 0, "numTargetDeletionVectorsUpdated": 0,
                 "numTargetDeletionVectorsRemoved": removed_vectors,
-                "numTargetChangeFilesAdded": 0}
+                "numTargetChangeFilesAdded": change_files}
     return {"numAddedFiles": added, "numRemovedFiles": removed,
             "numAddedBytes": added_bytes, "numRemovedBytes": removed_bytes,
             "numDeletionVectorsAdded": 0, "numDeletionVectorsUpdated": 0,
-            "numDeletionVectorsRemoved": removed_vectors, "numAddedChangeFiles": 0}
+            "numDeletionVectorsRemoved": removed_vectors, "numAddedChangeFiles": change_files}
 
 
 def _time_metrics(operation: str, started: float, scanned: float,
@@ -367,6 +467,19 @@ def _time_metrics(operation: str, started: float, scanned: float,
     if operation == "MERGE":
         metrics["materializeSourceTimeMs"] = 0
     return metrics
+
+
+def change_rows(frame: DataFrame, events: Sequence[tuple[Column, Column, str]]) -> DataFrame:
+    """The change data rows of ``frame`` in one pass: for each ``(when, row, change_type)``
+    (``row`` a struct of the table's columns), a row of ``row``'s fields and
+    ``_change_type`` for each row of ``frame`` where ``when`` holds."""
+    each = F.array(*[F.when(when, F.struct(row.alias(_ROW), F.lit(kind).alias(CHANGE_TYPE)))
+                     for when, row, kind in events])
+    exploded = frame.select(F.explode(each).alias(_EVENT)).where(F.col(_EVENT).isNotNull())
+    event = F.col(_EVENT)
+    names = [f.name for f in exploded.schema[_EVENT].dataType[_ROW].dataType.fields]
+    return exploded.select(*[event[_ROW][n].alias(n) for n in names],
+                           event[CHANGE_TYPE].alias(CHANGE_TYPE))
 
 
 def _uri_path(uri: str) -> str:

@@ -125,7 +125,7 @@ def check_layout(layout: TableLayout | None, table: str, schema_json: str,
         problem = merge_problem(layout, schema_json, tuple(partition_by or current))
     else:
         problem = describe_schema_mismatch(layout.schema_json, schema_json,
-                                           partition_by or None, current)
+                                           partition_by or None, current, layout.type_widening)
     if problem:
         raise SchemaMismatch(f"batch {batch_id} does not fit table {table}: {problem}. "
                              "Nothing was written.")

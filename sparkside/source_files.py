@@ -53,7 +53,8 @@ def read_file(partition: FilePartition, schema: pa.Schema,
 
     Raises:
         UpstreamSchemaChanged: the file has columns ``schema`` lacks (the upstream table gained
-            them after the query started), unless ``ignore_new_columns``.
+            them after the query started), unless ``ignore_new_columns``; or a column of a wider
+            type than ``schema``'s (Delta's type widening upstream since the query started).
     """
     with partition.filesystem().open_input_file(partition.file.path) as stream:
         parquet = pq.ParquetFile(stream)
@@ -67,6 +68,16 @@ def read_file(partition: FilePartition, schema: pa.Schema,
                 "Restart the query to read them, or set .option(\"new_columns\", \"ignore\") "
                 "on the source to go on without them")
         wanted = [f.name for f in schema if f.name in present]
+        widened = [f"{f.name} ({f.type} in the query, {parquet.schema_arrow.field(f.name).type} "
+                   "in the file)" for f in schema
+                   if f.name in present and wider(parquet.schema_arrow.field(f.name).type, f.type)]
+        if widened:
+            raise UpstreamSchemaChanged(
+                f"table {partition.table}: version {partition.version} has columns of a wider "
+                f"type than this query's percolake source reads: {', '.join(widened)} (Delta's "
+                "type widening changed them upstream after the query started; the source takes "
+                "the table's schema when the query starts). Restart the query to read them with "
+                "their new types")
         values = dict(partition.file.partition_values)
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
             yield conform(batch, schema, values)
@@ -94,6 +105,34 @@ def _added(file: pa.DataType, wanted: pa.DataType, path: str, found: list[str]) 
     elif pa.types.is_list(file) and pa.types.is_list(wanted) or \
             pa.types.is_large_list(file) and pa.types.is_large_list(wanted):
         _added(file.value_type, wanted.value_type, f"{path}element.", found)
+
+
+def wider(file_type: pa.DataType, query_type: pa.DataType) -> bool:
+    """Whether a file's column (or a field nested in it) holds a type wider than the query
+    reads: an upstream type widening since the query started (casting would overflow or lose
+    digits). A narrower one is a file written before an earlier widening, which the query's
+    type reads; nested fields one side lacks are left to the cast."""
+    if pa.types.is_struct(file_type) and pa.types.is_struct(query_type):
+        names = {file_type.field(i).name for i in range(file_type.num_fields)}
+        return any(wider(file_type.field(f.name).type, f.type) for f in query_type
+                   if f.name in names)
+    if pa.types.is_map(file_type) and pa.types.is_map(query_type):
+        return wider(file_type.key_type, query_type.key_type) \
+            or wider(file_type.item_type, query_type.item_type)
+    if (pa.types.is_list(file_type) or pa.types.is_large_list(file_type)) \
+            and (pa.types.is_list(query_type) or pa.types.is_large_list(query_type)):
+        return wider(file_type.value_type, query_type.value_type)
+    if file_type == query_type:
+        return False
+    if pa.types.is_timestamp(file_type) and pa.types.is_date(query_type):
+        return True
+    try:
+        unified = pa.unify_schemas([pa.schema([("c", query_type)]), pa.schema([("c", file_type)])],
+                                   promote_options="permissive").field("c").type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False  # not a widening: the cast decides, as before
+    return (pa.types.is_integer(unified) or pa.types.is_floating(unified)
+            or pa.types.is_decimal(unified)) and unified != query_type
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema,

@@ -679,3 +679,34 @@ def test_a_refused_credential_is_logged_once_without_the_token(secured):
         time.sleep(0.05)
     assert refusals() == before + 1
     assert "Z" * 43 not in log_path.read_text()
+
+
+def test_no_client_call_acts_on_a_transaction_of_the_reserved_revision_pipeline(tmp_path):
+    """The guard looks up each transaction's pipeline (without the core's lock): a call
+    naming a revision's transaction is refused before the core runs, and one naming an
+    unknown transaction is left to the call itself."""
+    import functools
+
+    from coordinator.auth.access import Guard
+    from coordinator.core import CoordinatorConfig, TransactionCoordinator
+    from coordinator.core.revision import REVISE_PIPELINE
+    from percolake.errors import InvalidArgument
+
+    core = TransactionCoordinator(MemoryStore(), CoordinatorConfig([str(tmp_path)]))
+    revision, _ = core.open_transaction(REVISE_PIPELINE, 0)
+    ordinary, _ = core.open_transaction("p", 0)
+    guard = Guard()
+    ran: list[str] = []
+    requests = {
+        "AbortTransaction": pb.AbortTransactionRequest,
+        "CommitTransaction": pb.CommitTransactionRequest,
+        "Heartbeat": pb.HeartbeatRequest,
+        "ReportApplied": pb.ReportAppliedRequest,
+    }
+    for name, request in requests.items():
+        call = functools.partial(ran.append, name)
+        with pytest.raises(InvalidArgument, match="reserved"):
+            guard.run(name, core, request(txn_id=revision.txn_id), call)
+        guard.run(name, core, request(txn_id=ordinary.txn_id), call)
+        guard.run(name, core, request(txn_id="f" * 32), call)
+    assert ran == [name for name in requests for _ in range(2)]

@@ -5,10 +5,12 @@ rearrangement, and refused while another transaction holds the table."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -18,12 +20,13 @@ from coordinator.store import MemoryStore
 from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import compaction
 from percolake.lake.conflicts import check_row_level_write
-from percolake.lake.delta_commit import files_of_version, table_layout
+from percolake.lake.delta_commit import apply_table_write, files_of_version, table_layout
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.records import AddFileRecord
 from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import canonical, table_write
 from tests.test_ops_cli import cli
+from tests.test_type_widening import long_write, widening_table
 
 
 def small_files_table(path: Path) -> None:
@@ -190,3 +193,31 @@ def test_a_lost_commit_reply_still_compacts_exactly_once(daemon_factory):
         assert rows(table) == before and files_by_partition(table) == {"a": 1, "b": 1, "c": 1}
     finally:
         failing.stop()
+
+
+def test_a_compaction_across_a_type_widening_writes_the_wider_type_and_commits(tmp_path):
+    """Files of a widened column hold the old type (written before delta.typeChanges) and the
+    new one: the compacted file holds the wider type and every row, and the compaction is
+    committed (as a log entry of percolake's own: delta-rs commits nothing to such a table)."""
+    root = widening_table(tmp_path / "t")  # x integer, one file
+    apply_table_write(long_write(root, "txn-1"), app_id="p", app_version=0, txn_id="txn-1",
+                      commit_ts=1)  # merge_schema widens x to long, one int64 file
+    uri = canonical_table_uri(str(root))
+    plan = compaction.plan(uri)
+    assert [len(g) for g in plan.groups] == [2]
+    write = compaction.rewrite(uri, plan, "_percolake/" + "b" * 32)
+    check_row_level_write(write)
+    compacted = pq.read_table(root / write.add_files[0].path)
+    assert compacted.schema.field("x").type == pa.int64()
+    assert sorted(compacted.column("x").to_pylist()) == [1, 2**40]
+    version = apply_table_write(write, app_id="p", app_version=1, txn_id="txn-2", commit_ts=2)
+    assert [f.path for f in files_of_version(uri, version).files] == [write.add_files[0].path]
+
+
+def test_a_date_widened_to_timestamp_ntz_is_compacted_as_timestamps():
+    old = pa.table({"d": pa.array([datetime.date(2024, 1, 2)], pa.date32())})
+    new = pa.table({"d": pa.array([datetime.datetime(2024, 1, 3, 4, 5)], pa.timestamp("us"))})
+    rows = compaction.concat_widened([old, new])
+    assert rows.schema.field("d").type == pa.timestamp("us")
+    assert rows.column("d").to_pylist() == [datetime.datetime(2024, 1, 2),
+                                             datetime.datetime(2024, 1, 3, 4, 5)]

@@ -24,6 +24,7 @@ from percolake.lake.checkpoints import Checkpointer
 from percolake.lake.conflicts import RowLevelConflict, check_row_level_write
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import CannotApplyAsRead, apply_table_write, files_of_version
+from percolake.lake.read_set import WRITE_SERIALIZABLE, ReadSet
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.lake.write_check import WriteChecker
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
@@ -61,7 +62,8 @@ def rows(table: Path) -> list[tuple]:
 
 
 def test_a_row_level_intent_survives_the_codec_and_the_record_json(table):
-    write = rewrite(table, [1, 2], [10, 25])
+    write = dataclasses.replace(rewrite(table, [1, 2], [10, 25]), read_set=ReadSet(
+        WRITE_SERIALIZABLE, {"column": "id", "op": "in", "values": ["1", None]}).to_json())
     assert codec.table_write_from_pb(codec.table_write_to_pb(write)) == write
     assert TableWriteRecord.from_json(json.loads(write.json_text)) == write
     append = TableWriteRecord("file:///x", WriteMode.APPEND, (), write.schema_json)
@@ -81,6 +83,9 @@ def test_validation_refuses_removes_that_cannot_be_meant(table):
         "operation": dataclasses.replace(write, operation="OPTIMIZE"),
         "removed twice": dataclasses.replace(write, remove_files=write.remove_files * 2),
         "relative path of a data file": dataclasses.replace(write, remove_files=(own,)),
+        "read_set is not JSON": dataclasses.replace(write, read_set="{"),
+        "read_set: isolation_level": dataclasses.replace(
+            write, read_set='{"isolation_level": "Snapshot", "predicate": true}'),
     }
     for message, bad in cases.items():
         with pytest.raises(InvalidArgument, match=message):

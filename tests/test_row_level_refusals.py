@@ -1,5 +1,6 @@
 """Tables whose properties row-level writes cannot honour are refused when the first operation
-reads the table, before anything is written (no Spark needed: the refusal comes first)."""
+reads the table, before anything is written (no Spark needed: the refusal comes first); the
+others are read with what their writes need (column mapping, the change data feed)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,23 @@ from sparkside.errors import RowLevelWriteRefused
 from sparkside.row_level import RowLevelTable
 
 
-@pytest.mark.parametrize(("configuration", "named"), [
-    ({"delta.enableChangeDataFeed": "true"}, "change data feed"),
-])
-def test_a_table_whose_property_a_rewrite_would_break_is_refused_naming_it(tmp_path, configuration,
-                                                                           named):
+def test_a_table_with_the_change_data_feed_is_read_to_write_change_files(tmp_path):
+    """No longer refused: operations write its change data files (tests/spark/
+    test_row_level_cdf.py compares its change feed with delta-spark's)."""
     table = str(tmp_path / "t")
-    write_deltalake(table, pa.table({"id": [1, 2]}), configuration=configuration)
-    with pytest.raises(RowLevelWriteRefused, match=named):
+    write_deltalake(table, pa.table({"id": [1, 2]}),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    assert RowLevelTable.read(None, table, table).change_data
+
+
+def test_the_change_data_feed_on_a_column_mapped_table_is_refused_naming_both(tmp_path):
+    table = str(tmp_path / "t")
+    write_deltalake(table, pa.table({"id": [1, 2]}),
+                    configuration={"delta.enableChangeDataFeed": "true",
+                                   "delta.columnMapping.mode": "name",
+                                   "delta.minReaderVersion": "2", "delta.minWriterVersion": "5"})
+    with pytest.raises(RowLevelWriteRefused,
+                       match="enableChangeDataFeed=true and column mapping"):
         RowLevelTable.read(None, table, table)
 
 
@@ -37,4 +47,5 @@ def test_a_table_with_the_change_data_feed_turned_off_is_read(tmp_path):
     table = str(tmp_path / "t")
     write_deltalake(table, pa.table({"id": [1, 2]}),
                     configuration={"delta.enableChangeDataFeed": "false"})
-    assert RowLevelTable.read(None, table, table).read_version == 0
+    state = RowLevelTable.read(None, table, table)
+    assert state.read_version == 0 and not state.change_data

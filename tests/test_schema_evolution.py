@@ -76,7 +76,8 @@ def test_merge_refuses_another_type_naming_the_column_and_why():
     with pytest.raises(SchemaConflict) as refused:
         merged_schema(TABLE, batch)
     assert "'id'" in str(refused.value) and "'s'" in str(refused.value)
-    assert "typeWidening" in str(refused.value)
+    assert "type widening does not make" in str(refused.value)  # a narrowing
+    assert "cast the column to long" in str(refused.value)
 
 
 def test_rules_of_a_table_name_their_constraint_and_the_columns_it_shows():
@@ -221,6 +222,24 @@ def test_the_source_refuses_a_file_with_columns_added_upstream_unless_told_to_ig
         list(read_file(partition, started_with))
     rows = [b.to_pylist() for b in read_file(partition, started_with, ignore_new_columns=True)]
     assert rows == [[{"id": 1}]]
+
+
+def test_the_source_refuses_a_column_widened_upstream_and_reads_older_narrower_files(tmp_path):
+    wide, narrow = tmp_path / "wide.parquet", tmp_path / "narrow.parquet"
+    pq.write_table(pa.table({"id": pa.array([2**40], pa.int64()),
+                             "s": pa.array([{"a": 1.5}], pa.struct([("a", pa.float64())]))}),
+                   wide)
+    pq.write_table(pa.table({"id": pa.array([1], pa.int32()),
+                             "s": pa.array([{"a": 0.5}], pa.struct([("a", pa.float32())]))}),
+                   narrow)
+    started_with = pa.schema([("id", pa.int32()), ("s", pa.struct([("a", pa.float32())]))])
+    partition = FilePartition("file:///lake/t", 5, DataFile(str(wide), wide.stat().st_size, ()))
+    with pytest.raises(UpstreamSchemaChanged, match=r"id \(int32 in the query, int64 in the "
+                                                    r"file\), s \(.*Restart the query"):
+        list(read_file(partition, started_with))
+    widened_query = pa.schema([("id", pa.int64()), ("s", pa.struct([("a", pa.float64())]))])
+    old = FilePartition("file:///lake/t", 1, DataFile(str(narrow), narrow.stat().st_size, ()))
+    assert [b.to_pylist() for b in read_file(old, widened_query)] == [[{"id": 1, "s": {"a": 0.5}}]]
 
 
 def test_names_and_paths_are_told_apart_and_the_source_refuses_a_name_saying_what_to_do():

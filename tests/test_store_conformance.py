@@ -670,6 +670,25 @@ def test_the_input_barrier_lookups_read_an_index_never_sorting_a_range(tmp_path)
         store.close()
 
 
+def test_the_attempts_of_a_batch_are_read_by_the_batch_index_not_the_pipeline_history(
+        tmp_path):
+    """SQLite: every Open reads the attempts of its batch; seeking the pipeline's
+    (pipeline_id, start_ts) index for the order would visit every transaction the pipeline
+    ever ran, a cost growing with its history."""
+    store = SqliteStore(tmp_path / "data")
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        store.attempts_of("p", 0, 7)
+        store._conn.set_trace_callback(None)
+        (select,) = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+        plan = " | ".join(row[3] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {select}"))
+        assert "USING INDEX transactions_by_batch" in plan, plan
+        assert "batch_id=?" in plan, plan
+    finally:
+        store.close()
+
+
 def test_quarantine_records_are_kept_replaced_by_table_and_transaction_and_ordered(store):
     first = QuarantineRecord("file:///w/b", "t1", "version 3 (OPTIMIZE) removed 1 file", 100)
     other = QuarantineRecord("file:///w/a", "t9", "version 5 changed the metadata", 300)

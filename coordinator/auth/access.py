@@ -420,7 +420,7 @@ def _refuse_reserved(name: str, core: Any, request: Any) -> None:
         check_not_reserved(request.pipeline_id)
     if name in _TXN_CHANGES:
         try:
-            pipeline = core.transaction_owner(request.txn_id)[0]
+            pipeline = core.transaction_pipeline(request.txn_id)
         except ProtocolError:  # no such transaction: the call itself says so
             return
         check_not_reserved(pipeline)

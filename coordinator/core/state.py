@@ -178,6 +178,13 @@ class CoreState:
             txn = self._get(txn_id)
             return txn.pipeline_id, txn.principal, tuple(txn.tables)
 
+    def transaction_pipeline(self, txn_id: str) -> str:
+        """The pipeline of a transaction, which never changes: read without the coordinator's
+        lock (an unfinished one from memory, else from the store under the store's own lock),
+        so a request's reserved-pipeline check does not queue behind other requests."""
+        validation.check_id("txn_id", txn_id)
+        return self._get(txn_id).pipeline_id
+
     def list_transactions(self, query: TxnQuery) -> list[TxnRecord]:
         if query.pipeline_id:
             validation.check_id("pipeline_id", query.pipeline_id)

@@ -133,7 +133,8 @@ class Vacuuming(CoreState):
             f"the write intent of transaction {txn.txn_id} (pipeline {txn.pipeline_id!r}, "
             f"{txn.state.value}, not applied yet), which adds them to the table",
             f"transaction {txn.txn_id}", None,
-            paths=frozenset(p for f in write.add_files for p in (f.path, unquote(f.path))))
+            paths=frozenset(p for f in (*write.add_files, *write.change_files)
+                            for p in (f.path, unquote(f.path))))
             for txn, write in sorted(pending, key=lambda pair: pair[0].start_ts)]
 
 

@@ -382,10 +382,13 @@ class SqliteStore(Store):
         return found[0] if found else None
 
     def attempts_of(self, pipeline_id: str, generation: int, batch_id: int) -> list[TxnRecord]:
+        # The unary + keeps the planner on the batch's index: ordered by the (pipeline_id,
+        # start_ts) index it would walk every transaction of the pipeline on each Open, a cost
+        # growing with its history (the few attempts of one batch are sorted instead).
         return self._txns(
             "pipeline_id = ? AND generation = ? AND batch_id = ?",
             (pipeline_id, generation, batch_id),
-            "ORDER BY start_ts",
+            "ORDER BY +start_ts",
         )
 
     def newest_committed_batch(self, pipeline_id: str, generation: int) -> int | None:

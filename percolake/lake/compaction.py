@@ -187,6 +187,20 @@ def table_filesystem(table_uri: str) -> pafs.FileSystem:
     return pafs.SubTreeFileSystem(str(local_path(table_uri)), pafs.LocalFileSystem())
 
 
+def concat_widened(tables: Sequence[pa.Table]) -> pa.Table:
+    """The rows of ``tables`` (one partition's files) in one table. A column that Delta's type
+    widening widened (``delta.typeChanges``) is narrower in the files written before the
+    change; each takes the widest type the files hold, as delta-spark's OPTIMIZE writes the
+    wider type: integers, floats and decimals by Arrow's permissive promotion, a date by the
+    timestamp (``timestamp_ntz``) another file has for it."""
+    stamps = {f.name: f.type for t in tables for f in t.schema if pa.types.is_timestamp(f.type)}
+    tables = [t.cast(pa.schema([f.with_type(stamps[f.name])
+                                if pa.types.is_date(f.type) and f.name in stamps else f
+                                for f in t.schema], t.schema.metadata))
+              for t in tables]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
 def rewrite(table_uri: str, compaction: Plan, attempt_folder: str) -> TableWriteRecord:
     """Writes each group's rows into one new file under ``attempt_folder`` (relative to the
     table: the transaction's write location) and returns the write intent that swaps them.
@@ -194,8 +208,7 @@ def rewrite(table_uri: str, compaction: Plan, attempt_folder: str) -> TableWrite
     files = table_filesystem(table_uri)
     adds: list[AddFileRecord] = []
     for group in compaction.groups:
-        rows = pa.concat_tables([pq.read_table(files.open_input_file(f.path)) for f in group],
-                                promote_options="default")
+        rows = concat_widened([pq.read_table(files.open_input_file(f.path)) for f in group])
         values = dict(group[0].partition_values)
         path = f"{attempt_folder}/optimize/part-{uuid.uuid4().hex}.parquet"
         files.create_dir(path.rsplit("/", 1)[0], recursive=True)

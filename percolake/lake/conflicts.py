@@ -1,14 +1,27 @@
 """Row-level writes against the table version they read (I12, docs/row-level-writes.md).
 
-A MERGE, UPDATE or DELETE of a batch is computed from the table at ``read_version``. Any commit
-made since by someone else is judged by Delta's WriteSerializable rules, conservatively: the
-write reads the whole table, so a commit that removes a file (an outside DELETE, OPTIMIZE, ...),
-adds data (even a blind append: it may add rows the MERGE's condition matches) or changes the
-table's metadata or protocol conflicts. A commit of only ``txn`` and ``commitInfo`` actions, or
-of adds with ``dataChange=false`` and no removes, does not. The coordinator asks before the
-commit point (``check_row_level_write``: a conflict aborts the attempt, which its participant
-retries from a fresh read); the applier asks again after COMMITTED (``conflict_since_read``): a
-write that can no longer be applied exactly as read is never applied against other data.
+A MERGE, UPDATE or DELETE of a batch is computed from the table at ``read_version``. Each
+commit made since by someone else is judged by Delta's conflict rules (delta-spark's
+ConflictChecker) for the write's isolation level, with what the write read (its ``ReadSet``: a
+read predicate over partition columns; the files of the read version it selects and the files
+the write replaces are the files read):
+
+- a change of the table's metadata or protocol conflicts;
+- files added with ``dataChange=true`` conflict if the read predicate may select them, unless
+  the commit is a blind append (commitInfo ``isBlindAppend=true``, only adds) and the write
+  commits under WriteSerializable without changing the metadata; a write that only rearranges
+  rows (OPTIMIZE, SnapshotIsolation) has no such conflicts;
+- a removed file conflicts if the write read it (whatever its ``dataChange``): a file of the
+  read version the predicate selects, or one the write replaces. Files added after the read
+  version were not read.
+
+So a blind append, an outside MERGE, UPDATE or DELETE rewriting other partitions, or an outside
+OPTIMIZE of other partitions does not conflict. The coordinator asks before the commit point
+(``check_row_level_write``: a conflict aborts the attempt, which its participant retries from a
+fresh read); the applier asks again after COMMITTED (``conflict_since_read``): a write that can
+no longer be applied exactly as read is never applied against other data. A write that passes
+lands after the outside commits, as Delta's would after its conflict check: its removes name
+files still in the table (any removal of them conflicts), its adds are its own.
 """
 
 from __future__ import annotations
@@ -20,6 +33,13 @@ from urllib.parse import unquote
 from percolake.errors import Conflict, FailedPrecondition
 from percolake.lake import storage
 from percolake.lake.delta_commit import TXN_ID_KEY, commit_file, commit_uri, files_of_version
+from percolake.lake.read_set import (
+    SERIALIZABLE,
+    SNAPSHOT_ISOLATION,
+    WRITE_SERIALIZABLE,
+    PartitionMatcher,
+    ReadSet,
+)
 from percolake.lake.table_cache import read_entry
 from percolake.lake.warehouse import is_object_store
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
@@ -49,47 +69,98 @@ def log_entries_after(table_uri: str, version: int) -> Iterator[tuple[int, list[
         current += 1
 
 
-def describe_conflict(version: int, actions: list[dict] | None, read_version: int) -> str | None:
-    """Why the commit at ``version`` conflicts with a whole-table read at ``read_version``,
-    or None when it does not (WriteSerializable, conservative)."""
-    if actions is None:
-        return f"version {version} cannot be parsed as a Delta log entry"
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    made_by = f"version {version} ({info.get('operation', 'an unnamed operation')}" \
-              f"{', by ' + str(info['engineInfo']) if info.get('engineInfo') else ''})"
-    if any("metaData" in a or "protocol" in a for a in actions):
-        return f"{made_by} changed the table's metadata or protocol"
-    removed = [a["remove"]["path"] for a in actions if "remove" in a]
-    if removed:
-        return (f"{made_by} removed {len(removed)} file(s) this write read at version "
-                f"{read_version}, e.g. {removed[:MAX_NAMED]}")
-    added = [a["add"]["path"] for a in actions
-             if "add" in a and a["add"].get("dataChange", True)]
-    if added:
-        return (f"{made_by} added {len(added)} file(s) whose rows this write did not see "
-                f"(it read version {read_version}), e.g. {added[:MAX_NAMED]}")
-    return None
+class _WriteRead:
+    """What a row-level write read and which outside changes it must have seen: Delta's
+    ConflictChecker rules for the write's isolation level (see the module doc)."""
+
+    def __init__(self, write: TableWriteRecord) -> None:
+        read_set = ReadSet.from_json(write.read_set)
+        self.read_version = write.read_version
+        self.matcher = PartitionMatcher(read_set.predicate, write.schema_json)
+        self.replaced = {f.path for f in write.remove_files}
+        # a write that only rearranges rows commits under SnapshotIsolation, as Delta's
+        # OPTIMIZE does: rows added meanwhile are not its concern
+        self.isolation = read_set.isolation_level if write.data_change else SNAPSHOT_ISOLATION
+        # under WriteSerializable a blind append may be ordered after the write, unless the
+        # write changes the table's metadata (MERGE withSchemaEvolution)
+        self.blind_appends_conflict = self.isolation == SERIALIZABLE or (
+            self.isolation == WRITE_SERIALIZABLE and write.merge_schema)
+        self.added_since: set[str] = set()  # files added after the read: never read by it
+
+    def conflict(self, version: int, actions: list[dict] | None) -> str | None:
+        """Why the commit at ``version`` conflicts with the write, or None; call for each
+        commit after the read version in order."""
+        if actions is None:
+            return f"version {version} cannot be parsed as a Delta log entry"
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        made_by = f"version {version} ({info.get('operation', 'an unnamed operation')}" \
+                  f"{', by ' + str(info['engineInfo']) if info.get('engineInfo') else ''})"
+        if any("metaData" in a or "protocol" in a for a in actions):
+            return f"{made_by} changed the table's metadata or protocol"
+        adds = [a["add"] for a in actions if "add" in a]
+        removes = [a["remove"] for a in actions if "remove" in a]
+        problem = self._removed(made_by, removes) or self._added(made_by, info, adds, removes)
+        self.added_since.update(unquote(a["path"]) for a in adds)
+        return problem
+
+    def _added(self, made_by: str, info: dict, adds: list[dict],
+               removes: list[dict]) -> str | None:
+        """Files added with data this write should have read: changed data (not a blind
+        append, unless the isolation level counts those) that its read predicate may
+        select."""
+        if self.isolation == SNAPSHOT_ISOLATION:
+            return None
+        if info.get("isBlindAppend") is True and not removes and not self.blind_appends_conflict:
+            return None
+        changed = [a for a in adds if a.get("dataChange", True)]
+        selected = [a for a in changed if self.matcher.may_match(a.get("partitionValues"))]
+        if not selected:
+            return None
+        partition = selected[0].get("partitionValues") or {}
+        return (f"{made_by} added {len(selected)} file(s) whose rows this write's read "
+                f"{'of the whole table' if self.matcher.predicate is True else 'predicate'} "
+                f"may select and did not see (it read version {self.read_version}, "
+                f"{self.isolation}), e.g. {[a['path'] for a in selected[:MAX_NAMED]]}"
+                f"{f' in partition {partition}' if partition else ''}")
+
+    def _removed(self, made_by: str, removes: list[dict]) -> str | None:
+        """Files removed that this write read (of the read version, selected by its read
+        predicate, or replaced by it)."""
+        read = [r["path"] for r in removes if self._was_read(r)]
+        if not read:
+            return None
+        return (f"{made_by} removed {len(read)} file(s) this write read at version "
+                f"{self.read_version}, e.g. {read[:MAX_NAMED]}")
+
+    def _was_read(self, remove: dict) -> bool:
+        path = unquote(remove["path"])
+        if path in self.replaced:
+            return True
+        return path not in self.added_since and self.matcher.may_match(
+            remove.get("partitionValues"))
 
 
 def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None,
                         committed: bool = False) -> str | None:
-    """The first conflicting commit since ``write.read_version`` (commits naming
-    ``own_txn_id`` in their commitInfo are this write's own and skipped), or None.
+    """The first commit since ``write.read_version`` that conflicts with what the write read
+    (commits naming ``own_txn_id`` in their commitInfo are this write's own and skipped), or
+    None.
 
     With ``committed`` (the apply after COMMITTED) the question is whether the write can still
     be applied exactly: a rearrangement (every add and remove ``dataChange=false``, e.g. an
     outside OPTIMIZE) that removes none of the files the write removes keeps the same rows
-    everywhere the write does not touch, so it does not stop the apply.
+    everywhere the write does not touch, so it does not stop the apply either.
     """
-    removed_by_write = {f.path for f in write.remove_files}
+    read = _WriteRead(write)
     for version, actions in log_entries_after(write.table, write.read_version):
         if own_txn_id is not None and actions is not None and any(
                 a.get("commitInfo", {}).get(TXN_ID_KEY) == own_txn_id for a in actions):
             continue
         if committed and actions is not None and _rearranges_only_elsewhere(
-                actions, removed_by_write):
+                actions, read.replaced):
+            read.added_since.update(unquote(a["add"]["path"]) for a in actions if "add" in a)
             continue
-        problem = describe_conflict(version, actions, write.read_version)
+        problem = read.conflict(version, actions)
         if problem is not None:
             return problem
     return None

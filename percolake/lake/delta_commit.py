@@ -38,6 +38,7 @@ from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
     app_transaction_action,
+    change_action,
     commit_info,
     metadata_action,
     now_ms,
@@ -53,10 +54,13 @@ from percolake.lake.schema_evolution import (
     extends,
     max_column_id,
     merged_schema,
+    type_change_problem,
+    type_widening_enabled,
 )
 from percolake.lake.table_cache import DeltaTables, read_entry
 from percolake.lake.table_features import (
     TableProtocol,
+    needs_own_entry,
     partition_filters,
     physical_names,
     refusal,
@@ -259,13 +263,14 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 _lost_race_pause(write.table, txn_id, attempt)
                 continue
-            mode, actions, filters = _write_actions(table, write, layout)
+            own_entry = needs_own_entry(layout.protocol)  # delta-rs commits nothing to it
+            mode, actions, filters = _write_actions(table, write, layout, explicit=own_entry)
             evolved = evolved_schema(table, write)
-            if evolved is not None:  # data and new schema in one commit: a log entry of ours
+            if evolved is not None or own_entry:  # a commit delta-rs cannot make: ours
                 if mode != "append":  # the write check refuses this before the commit point
                     raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
                                          "table with deletion vectors")
-                entry = _entry_actions(write, actions, table, evolved, properties)
+                entry = _entry_actions(write, actions, table, evolved, properties, layout)
                 if _put_own_entry(table, write.table, entry, "log-entry", app_version):
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 _lost_race_pause(write.table, txn_id, attempt)
@@ -336,7 +341,8 @@ def evolved_schema(table: DeltaTable, write: TableWriteRecord) -> str | None:
     current = table.schema().to_json()
     configuration = table.metadata().configuration
     mapped = (configuration.get("delta.columnMapping.mode") or "none") != "none"
-    merged = merged_schema(current, write.schema_json, column_mapping=mapped)
+    merged = merged_schema(current, write.schema_json, column_mapping=mapped,
+                           type_widening=type_widening_enabled(configuration))
     if json.loads(merged) == json.loads(current):
         return None
     if mapped:
@@ -347,22 +353,29 @@ def evolved_schema(table: DeltaTable, write: TableWriteRecord) -> str | None:
 
 
 def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveAction],
-                   table: DeltaTable, schema_json: str,
-                   properties: CommitProperties) -> list[dict]:
-    """The log entry of a write that changes the schema: what delta-rs would commit for
-    ``actions``, plus the ``metaData`` action."""
+                   table: DeltaTable, schema_json: str | None,
+                   properties: CommitProperties, layout: TableLayout) -> list[dict]:
+    """The log entry of a write delta-rs cannot commit: what delta-rs would commit for
+    ``actions`` (explicit removes, each with the deletion vector of the file it removes),
+    plus the ``metaData`` action of ``schema_json`` (None: the schema stays)."""
     now = now_ms()
     app = properties.app_transactions[0]
     entry = [commit_info("Append" if write.mode == WriteMode.APPEND else "Overwrite",
-                         list(write.partition_by), properties.custom_metadata or {}, now),
-             app_transaction_action(app.app_id, app.version, now),
-             metadata_action(table.metadata(), schema_json, _evolved_configuration(
-                 table.metadata().configuration, schema_json))]
+                         list(write.partition_by), properties.custom_metadata or {}, now,
+                         merge_schema=write.merge_schema),
+             app_transaction_action(app.app_id, app.version, now)]
+    if schema_json is not None:
+        entry.append(metadata_action(table.metadata(), schema_json, _evolved_configuration(
+            table.metadata().configuration, schema_json)))
+    removed = [a.path for a in actions if isinstance(a, RemoveAction)]
+    vectors = deletion_vectors(write.table, table.version(), removed) \
+        if removed and layout.protocol.has("deletionVectors") else {}
     by_path = {f.path: f for f in write.add_files}
     for action in actions:
         if isinstance(action, RemoveAction):
             entry.append(remove_action(action.path, action.size or 0,
-                                       action.partition_values or {}, now))
+                                       action.partition_values or {}, now,
+                                       deletion_vector=vectors.get(action.path)))
         else:  # partition values as the action keys them (physical names if column-mapped)
             entry.append(add_action(dataclasses.replace(
                 by_path[action.path], partition_values=dict(action.partition_values or {}))))
@@ -374,9 +387,11 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     """The log entry of a ROW_LEVEL write, as delta-spark's own operation writes it: its
     ``operation`` (MERGE, UPDATE, DELETE, OPTIMIZE; several operations of one batch are one
     commit named by them all, comma-separated in call order), ``operationParameters`` and
-    ``operationMetrics``, ``readVersion``; adds and removes with ``dataChange`` false when the
-    write only rearranges rows; each remove of a file that carries a deletion vector with that
-    vector (read from the log at the read version: nothing changed since, the caller checked).
+    ``operationMetrics``, ``readVersion``, the ``isolationLevel`` its conflicts were judged by;
+    adds and removes with ``dataChange`` false when the write only rearranges rows; a ``cdc``
+    action per change data file (a table with the change data feed; ``dataChange`` false); each
+    remove of a file that carries a deletion vector with that vector (read from the log at the
+    read version: the files the write removes are unchanged since, the caller checked).
     The percolake tags and the app transaction make it the transaction's idempotent commit."""
     now = now_ms()
     app = properties.app_transactions[0]
@@ -387,16 +402,22 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     vectors = deletion_vectors(write.table, write.read_version,
                                [f.path for f in write.remove_files]) \
         if write.remove_files and layout.protocol.has("deletionVectors") else {}
+    from percolake.lake.read_set import SNAPSHOT_ISOLATION, ReadSet  # it reads with this module
+
     info = operation_commit_info(
         write.operation, parameters, properties.custom_metadata or {}, now,
         readVersion=write.read_version,
-        isolationLevel="Serializable" if write.data_change else "SnapshotIsolation",
+        isolationLevel=ReadSet.from_json(write.read_set).isolation_level if write.data_change
+        else SNAPSHOT_ISOLATION,
         isBlindAppend=False, operationMetrics=metrics)
     entry = [info, app_transaction_action(app.app_id, app.version, now)]
     for add in write.add_files:
         values = {physical.get(k, k): v for k, v in add.partition_values.items()}
         entry.append(add_action(dataclasses.replace(add, partition_values=values),
                                 data_change=write.data_change))
+    for change in write.change_files:
+        values = {physical.get(k, k): v for k, v in change.partition_values.items()}
+        entry.append(change_action(change.path, change.size, values))
     for remove in write.remove_files:
         values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
         entry.append(remove_action(remove.path, remove.size, values, now,
@@ -445,9 +466,9 @@ def _adds(write: TableWriteRecord, physical: dict[str, str]) -> list[AddAction]:
                       f.modification_time, True, f.stats or "{}") for f in write.add_files]
 
 
-def _write_actions(table: DeltaTable, write: TableWriteRecord,
-                   layout: TableLayout) -> tuple[str, list[AddAction | RemoveAction],
-                                                 list[tuple[str, str, list[str]]] | None]:
+def _write_actions(table: DeltaTable, write: TableWriteRecord, layout: TableLayout,
+                   explicit: bool = False) -> tuple[str, list[AddAction | RemoveAction],
+                                                    list[tuple[str, str, list[str]]] | None]:
     """The commit of ``write``: delta-rs's mode, the actions, the partition filters.
 
     Its adds and, for an overwrite, the removes of what it replaces. A file the write lists
@@ -456,6 +477,8 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord,
     it still holds; one version may not both remove and add a path). On a table with deletion
     vectors the removes must carry each file's deletion vector, which only delta-rs's own
     overwrite writes: it derives them (all files, or those its partition filters name).
+    ``explicit``: always explicit removes (a log entry of ours, which carries the deletion
+    vectors itself: ``_entry_actions``).
     """
     physical = physical_names(layout.schema_json) \
         if layout.protocol.column_mapping != "none" else {}
@@ -464,7 +487,7 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord,
         return "append", adds, None
     listed = {f.path for f in write.add_files}
     removes, held = _removes(table, write, keep=listed, physical=physical)
-    if layout.protocol.has("deletionVectors") and not listed & held:
+    if layout.protocol.has("deletionVectors") and not listed & held and not explicit:
         filters = partition_filters(write) if write.mode == WriteMode.OVERWRITE_PARTITIONS \
             else None
         return "overwrite", adds, filters
@@ -510,10 +533,11 @@ def _partition_types(table: DeltaTable) -> dict[str, str]:
 
 def _partition_key(values: Mapping[str, object], types: dict[str, str]) -> tuple:
     """A hashable, typed form of one partition's values, equal for equal partitions."""
-    return tuple(sorted((k, _typed(v, types.get(k, "string"))) for k, v in values.items()))
+    return tuple(sorted((k, typed_partition_value(v, types.get(k, "string")))
+                        for k, v in values.items()))
 
 
-def _typed(value: object, delta_type: str) -> object:
+def typed_partition_value(value: object, delta_type: str) -> object:
     """A partition value, given as Delta's string or as delta-rs's typed value, as a value."""
     if value is None:
         return None
@@ -641,6 +665,7 @@ class TableLayout(NamedTuple):
     constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
     column_mapping: str = "none"  # delta.columnMapping.mode
     max_column_id: int = 0  # delta.columnMapping.maxColumnId (or the highest id it holds)
+    type_widening: bool = False  # delta.enableTypeWidening=true with the typeWidening feature
 
 
 CONSTRAINT_PREFIX = "delta.constraints."
@@ -669,7 +694,8 @@ def _layout_of(table: DeltaTable) -> TableLayout:
     return TableLayout(table.version(), schema_json,
                        list(metadata.partition_columns), append_only, protocol, constraints,
                        configuration.get("delta.columnMapping.mode") or "none",
-                       max_column_id(configuration, schema_json))
+                       max_column_id(configuration, schema_json),
+                       type_widening_enabled(configuration) and protocol.has("typeWidening"))
 
 
 def commit_file(table_uri: str, version: int) -> Path:
@@ -683,10 +709,13 @@ def commit_uri(table_uri: str, version: int) -> str:
 
 
 def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: list[str] | None,
-                             existing_partitions: list[str]) -> str | None:
+                             existing_partitions: list[str],
+                             type_widening: bool = False) -> str | None:
     """A message naming the columns that differ, or None when the new write fits the table.
 
     ``partition_by`` must equal the table's partition columns; None takes the table's.
+    ``type_widening``: the table has ``delta.enableTypeWidening=true`` (a column the batch
+    widens is refused saying that ``merge_schema=True`` widens it).
     """
     existing = {f["name"]: f for f in json.loads(existing_json)["fields"]}
     new = {f["name"]: f for f in json.loads(new_json)["fields"]}
@@ -702,8 +731,8 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
     for name in sorted(set(existing) & set(new)):
         if _shape(existing[name]["type"]) != _shape(new[name]["type"]) \
                 and not extends(existing[name]["type"], new[name]["type"]):
-            problems.append(f"column {name!r} is {json.dumps(existing[name]['type'])} in the "
-                            f"table but {json.dumps(new[name]['type'])} in the batch")
+            problems.append(type_change_problem(name, existing[name]["type"], new[name]["type"],
+                                                type_widening, merge_schema=False))
     if partition_by is not None and list(partition_by) != list(existing_partitions):
         problems.append(f"partitioned by {existing_partitions}, not {list(partition_by)}")
     return "; ".join(problems) or None

@@ -54,6 +54,14 @@ def remove_action(path: str, size: int, partition_values: Mapping[str, str | Non
     return {"remove": remove}
 
 
+def change_action(path: str, size: int,
+                  partition_values: Mapping[str, str | None]) -> dict[str, Any]:
+    """A ``cdc`` action: a change data file of the commit (the changed rows with
+    ``_change_type``), read by change data feed readers instead of its adds and removes."""
+    return {"cdc": {"path": log_path(path), "partitionValues": dict(partition_values),
+                    "size": size, "dataChange": False}}
+
+
 def app_transaction_action(app_id: str, version: int, now_ms: int) -> dict[str, Any]:
     """The ``txn`` action that makes a replay of the commit find it already applied."""
     return {"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}}
@@ -78,14 +86,17 @@ def metadata_action(metadata: Any, schema_json: str,
 
 
 def commit_info(mode: str, partition_by: list[str], tags: Mapping[str, object],
-                now_ms: int) -> dict[str, Any]:
+                now_ms: int, *, merge_schema: bool = False) -> dict[str, Any]:
     """The ``commitInfo`` of a write: ``tags`` at its top level, as delta-rs's custom
-    metadata."""
-    return operation_commit_info("WRITE", {"mode": mode, "partitionBy": json.dumps(partition_by)},
-                                 tags, now_ms)
+    metadata; ``merge_schema`` adds ``canMergeSchema``, as delta-spark's ``mergeSchema``
+    write does."""
+    parameters: dict[str, Any] = {"mode": mode, "partitionBy": json.dumps(partition_by)}
+    if merge_schema:
+        parameters["canMergeSchema"] = True  # a JSON boolean, as delta-spark writes it
+    return operation_commit_info("WRITE", parameters, tags, now_ms)
 
 
-def operation_commit_info(operation: str, parameters: Mapping[str, str],
+def operation_commit_info(operation: str, parameters: Mapping[str, object],
                           tags: Mapping[str, object], now_ms: int,
                           **fields: object) -> dict[str, Any]:
     """The ``commitInfo`` of ``operation`` (what ``DESCRIBE HISTORY`` shows): its

@@ -8,8 +8,10 @@ the three agree. The rules are delta-spark's append with ``mergeSchema``:
   expressions), in its place; a column the batch lacks reads as null;
 - a batch column the table lacks is added at the end, nullable, without metadata; a struct
   gains the nested fields the batch adds the same way;
-- a column whose type differs is refused: type widening needs Delta's ``typeWidening`` table
-  feature, with which delta-rs (the apply) commits nothing;
+- a column whose type differs is refused, unless the table has ``delta.enableTypeWidening=true``
+  and the change is one delta-spark 4.4's ``mergeSchema`` append widens by itself
+  (``widens``): then the column takes the batch's type and its field metadata gains
+  ``delta.typeChanges`` (``type_changes``), as delta-spark writes it;
 - on a column-mapped table every new field (nested ones too) gets a column mapping id above the
   table's ``delta.columnMapping.maxColumnId``, numbered in the merged schema's pre-order as
   delta-spark numbers them, and a physical name ``col-<uuid>``; the participant assigns them
@@ -23,13 +25,18 @@ column only in case to the table's name before (Spark's case-insensitive resolut
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from percolake.lake.table_features import FIELD_ID, PHYSICAL_NAME
 
 MAPPING_KEYS = (FIELD_ID, PHYSICAL_NAME)
+TYPE_CHANGES = "delta.typeChanges"  # a field's widenings, oldest first
+ENABLE_TYPE_WIDENING = "delta.enableTypeWidening"
+INTEGRAL_SIZES = {"byte": 1, "short": 2, "integer": 4, "long": 8}
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(-?\d+)\)")
 MAX_COLUMN_ID = "delta.columnMapping.maxColumnId"
 NULLABILITY_KEYS = ("nullable", "containsNull", "valueContainsNull", "metadata")
 
@@ -38,19 +45,24 @@ class SchemaConflict(ValueError):
     """A batch column's type differs from the table's: no schema merge can take it."""
 
 
-def merged_schema(table_json: str, batch_json: str, column_mapping: bool = False) -> str:
+def merged_schema(table_json: str, batch_json: str, column_mapping: bool = False,
+                  type_widening: bool = False) -> str:
     """The table's schema JSON with the batch's new columns (and nested fields) added.
 
     ``column_mapping``: the table is column-mapped; new fields keep the mapping metadata (id,
     physical name) the batch gives them, and nothing else of their metadata.
+    ``type_widening``: the table has ``delta.enableTypeWidening=true``; a column whose batch
+    type ``widens`` its table type takes the batch's type, with the change recorded in
+    ``delta.typeChanges``.
 
     Raises:
-        SchemaConflict: names every column whose type differs between table and batch.
+        SchemaConflict: names every column whose type differs between table and batch (and
+            cannot be widened), with what to do.
     """
     table = json.loads(table_json)
     batch = json.loads(batch_json)
     problems: list[str] = []
-    merged = _merge_struct(table, batch, "", problems, column_mapping)
+    merged = _merge_struct(table, batch, "", problems, _Rules(column_mapping, type_widening))
     if problems:
         raise SchemaConflict("; ".join(problems))
     return json.dumps(merged, separators=(",", ":"))
@@ -64,50 +76,142 @@ def added_columns(table_json: str, batch_json: str) -> list[str]:
     return found
 
 
+class _Rules(NamedTuple):
+    mapped: bool  # column-mapped table
+    widening: bool  # delta.enableTypeWidening=true
+
+
 def extends(table_type: Any, batch_type: Any) -> bool:
     """Whether the (parsed) Delta type ``batch_type`` is ``table_type`` with nested fields added
     after each struct's own, as ``merged_schema`` adds them (a write that needs
     ``merge_schema``, nothing else)."""
     problems: list[str] = []
-    merged = _merge_type(table_type, batch_type, "", problems, False)
+    merged = _merge_type(table_type, batch_type, "", problems, _Rules(False, False),
+                         "", [])
     return not problems and _shape(merged) == _shape(batch_type)
 
 
 def _merge_struct(table: dict[str, Any], batch: dict[str, Any], prefix: str,
-                  problems: list[str], mapped: bool) -> dict[str, Any]:
+                  problems: list[str], rules: _Rules) -> dict[str, Any]:
     fields = [dict(f) for f in table["fields"]]
     by_name = {f["name"]: i for i, f in enumerate(fields)}
     for new in batch["fields"]:
         index = by_name.get(new["name"])
         if index is None:
-            fields.append(_new_field(new, mapped))
+            fields.append(_new_field(new, rules.mapped))
             continue
         old = fields[index]
-        fields[index] = {**old, "type": _merge_type(old["type"], new["type"],
-                                                    f"{prefix}{old['name']}", problems, mapped)}
+        changes: list[dict[str, str]] = []
+        merged = {**old, "type": _merge_type(old["type"], new["type"], f"{prefix}{old['name']}",
+                                             problems, rules, "", changes)}
+        if changes:  # on the field itself, nested element/key/value changes by fieldPath
+            metadata = dict(old.get("metadata") or {})
+            metadata[TYPE_CHANGES] = [*metadata.get(TYPE_CHANGES, []), *changes]
+            merged["metadata"] = metadata
+        fields[index] = merged
     return {**table, "fields": fields}
 
 
-def _merge_type(old: Any, new: Any, path: str, problems: list[str], mapped: bool) -> Any:
+def _merge_type(old: Any, new: Any, path: str, problems: list[str], rules: _Rules,
+                field_path: str, changes: list[dict[str, str]]) -> Any:
+    """The merged type; a widening is appended to ``changes`` with its ``fieldPath`` below
+    the enclosing field (``element``, ``key``, ``value``, dotted when nested)."""
     if isinstance(old, dict) and isinstance(new, dict) and old.get("type") == new.get("type"):
         kind = old["type"]
         if kind == "struct":
-            return _merge_struct(old, new, f"{path}.", problems, mapped)
+            return _merge_struct(old, new, f"{path}.", problems, rules)
         if kind == "array":
-            return {**old, "elementType": _merge_type(old["elementType"], new["elementType"],
-                                                      f"{path}.element", problems, mapped)}
+            return {**old, "elementType": _merge_type(
+                old["elementType"], new["elementType"], f"{path}.element", problems, rules,
+                _below(field_path, "element"), changes)}
         if kind == "map":
             return {**old,
                     "keyType": _merge_type(old["keyType"], new["keyType"], f"{path}.key",
-                                           problems, mapped),
+                                           problems, rules, _below(field_path, "key"),
+                                           changes),
                     "valueType": _merge_type(old["valueType"], new["valueType"],
-                                             f"{path}.value", problems, mapped)}
-    if _shape(old) != _shape(new):
-        problems.append(f"column {path!r} is {json.dumps(_shape(old))} in the table but "
-                        f"{json.dumps(_shape(new))} in the batch (merge_schema adds columns; "
-                        "it changes no type: Delta's type widening needs the typeWidening "
-                        "table feature, which delta-rs cannot commit to)")
+                                             f"{path}.value", problems, rules,
+                                             _below(field_path, "value"), changes)}
+    if _shape(old) == _shape(new):
+        return old
+    if rules.widening and isinstance(old, str) and isinstance(new, str) and widens(old, new):
+        change = {"toType": new, "fromType": old}
+        if field_path:
+            change["fieldPath"] = field_path
+        changes.append(change)
+        return new
+    problems.append(type_change_problem(path, old, new, rules.widening))
     return old
+
+
+def _below(field_path: str, step: str) -> str:
+    return f"{field_path}.{step}" if field_path else step
+
+
+def widens(from_type: str, to_type: str) -> bool:
+    """Whether delta-spark 4.4's ``mergeSchema`` append widens a column of ``from_type`` to
+    ``to_type`` on a table with ``delta.enableTypeWidening=true`` (measured: byte, short,
+    integer, long to a larger one; float to double; byte, short, integer to double; a decimal
+    to one with at least as many integer and fraction digits; byte, short, integer to a
+    decimal with at least 10 integer digits, long with at least 20; date to timestamp_ntz).
+    Not: long to double, anything to float, narrowing, date to timestamp."""
+    if from_type == to_type:
+        return False
+    if from_type in INTEGRAL_SIZES and to_type in INTEGRAL_SIZES:
+        return INTEGRAL_SIZES[from_type] < INTEGRAL_SIZES[to_type]
+    if to_type == "double":
+        return from_type in ("float", "byte", "short", "integer")
+    if (from_type, to_type) == ("date", "timestamp_ntz"):
+        return True
+    to_decimal = _DECIMAL.fullmatch(to_type)
+    if to_decimal is None:
+        return False
+    precision, scale = int(to_decimal[1]), int(to_decimal[2])
+    from_decimal = _DECIMAL.fullmatch(from_type)
+    if from_decimal is not None:
+        return (precision - scale >= int(from_decimal[1]) - int(from_decimal[2])
+                and scale >= int(from_decimal[2]))
+    if from_type in ("byte", "short", "integer"):
+        return precision - scale >= 10
+    return from_type == "long" and precision - scale >= 20
+
+
+def type_change_problem(path: str, old: Any, new: Any, widening: bool,
+                        merge_schema: bool = True) -> str:
+    """The refusal of a column whose batch type differs from the table's, saying what to do:
+    ``widening`` the table has ``delta.enableTypeWidening=true``, ``merge_schema`` the write
+    asked for a schema merge."""
+    problem = (f"column {path!r} is {json.dumps(_shape(old))} in the table but "
+               f"{json.dumps(_shape(new))} in the batch")
+    if not (isinstance(old, str) and isinstance(new, str)):
+        return problem  # nested types: their fields are compared (and merged) one by one
+    if not widens(old, new):
+        return (f"{problem}, a change Delta's type widening does not make (merge_schema adds "
+                f"columns and widens types only); cast the column to {old}")
+    if widening:  # only without merge_schema: with it the column is widened
+        return (f"{problem} (the table has {ENABLE_TYPE_WIDENING}=true: "
+                "txn.write(..., merge_schema=True) widens it)")
+    how = "merge_schema=True widens it" if merge_schema \
+        else "txn.write(..., merge_schema=True) widens it"
+    return (f"{problem}: {how} only on a table with {ENABLE_TYPE_WIDENING}=true (set it with "
+            f"delta-spark: ALTER TABLE ... SET TBLPROPERTIES "
+            f"('{ENABLE_TYPE_WIDENING}' = 'true')), or cast the column to {old}")
+
+
+def timestamp_ntz_problem(merged_json: str, features: tuple[str, ...]) -> str | None:
+    """A merged schema with a TIMESTAMP_NTZ column (a new one, or a date widened) needs the
+    table's ``timestampNtz`` feature, which delta-spark does not add by itself on an append
+    (``DELTA_FEATURES_REQUIRE_MANUAL_ENABLEMENT``): why not, None if fine."""
+    if "timestampNtz" in features or '"timestamp_ntz"' not in merged_json:
+        return None
+    return ("the merged schema has a TIMESTAMP_NTZ column and the table lacks the "
+            "timestampNtz feature; enable it with delta-spark (ALTER TABLE ... SET "
+            "TBLPROPERTIES ('delta.feature.timestampNtz' = 'supported')) first")
+
+
+def type_widening_enabled(configuration: Mapping[str, str | None]) -> bool:
+    """Whether a table's configuration sets ``delta.enableTypeWidening=true``."""
+    return str(configuration.get(ENABLE_TYPE_WIDENING) or "").lower() == "true"
 
 
 def _collect_added(table: dict[str, Any], batch: dict[str, Any], prefix: str,

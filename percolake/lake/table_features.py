@@ -4,7 +4,8 @@ others before the commit point (I10).
 A Delta table lists the features its readers and writers must implement in its ``protocol``
 action (``readerFeatures``/``writerFeatures`` at reader 3 / writer 7; older tables imply them
 by version). A table is written by the participant's executors (its files) and committed by
-delta-rs (``apply_table_write``); a feature neither implements would make the apply fail after
+delta-rs (``apply_table_write``), or by a log entry of percolake's own where delta-rs commits
+nothing (``OWN_ENTRY_FEATURES``); a feature neither implements would make the apply fail after
 COMMITTED (delta-rs 1.6: "Unsupported table features required"), or commit data that breaks
 the feature's rules. So the participant refuses such a table when ``txn.write`` names it, before
 anything is declared or written, and the coordinator again under the table hold, before the
@@ -84,10 +85,14 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
              RECREATE.replace("{what}", "delta.enableRowTracking")),
     _refused("inCommitTimestamp", False,
              "delta-rs cannot commit to a table with in-commit timestamps", DROP_IT),
-    _refused("typeWidening", True, "delta-rs cannot commit to a table with type widening",
-             DROP_IT),
+    Feature("typeWidening", True, True,
+            "every write is committed as a log entry percolake writes itself (delta-rs cannot "
+            "commit to such a table); merge_schema widens a column as delta-spark's mergeSchema "
+            "append does when delta.enableTypeWidening=true, recording delta.typeChanges"),
     _refused("typeWidening-preview", True,
-             "delta-rs cannot commit to a table with type widening", DROP_IT),
+             "percolake writes the stable typeWidening feature's delta.typeChanges, not the "
+             "preview's (which delta-spark 3.x wrote with table versions), and delta-rs cannot "
+             "commit to such a table", DROP_IT),
     _refused("vacuumProtocolCheck", True,
              "delta-rs cannot commit to a table with vacuumProtocolCheck", DROP_IT),
     _refused("v2Checkpoint", True,
@@ -203,6 +208,16 @@ def partition_filters(write: TableWriteRecord) -> list[tuple[str, str, list[str]
             if value is not None and value not in values[column]:
                 values[column].append(value)
     return [(c, "in", values[c]) for c in columns]
+
+
+# Features delta-rs 1.6 commits nothing to ("Unsupported table features required") but whose
+# tables percolake writes: every apply to such a table is a log entry of percolake's own.
+OWN_ENTRY_FEATURES = ("typeWidening",)
+
+
+def needs_own_entry(protocol: TableProtocol) -> bool:
+    """Whether every commit to a table with ``protocol`` must be a log entry of ours."""
+    return any(protocol.has(feature) for feature in OWN_ENTRY_FEATURES)
 
 
 # ---------------------------------------------------------------- column mapping

@@ -20,8 +20,9 @@ what ``apply_table_write`` (delta-rs 1.6) really does, measured:
 - delta-rs refuses to commit to a table whose protocol requires a feature it does not
   implement, and some features it accepts need what percolake does not write
   (``table_features``): the table's protocol, re-read with its layout, is checked each time.
-- A ``merge_schema`` write may add columns: the apply commits them with the data in a log entry
-  of its own (``percolake.lake.log_entry``); a column of another type cannot be merged.
+- A ``merge_schema`` write may add columns, and widen a column's type on a table with
+  ``delta.enableTypeWidening=true`` as delta-spark does: the apply commits them with the data in
+  a log entry of its own (``percolake.lake.log_entry``); another type change cannot be merged.
 
 Refusals: InvalidArgument for a malformed write, FailedPrecondition for one that does not fit
 the table as it is now. ``LayoutCache`` reads a table's layout once per version that changed it.
@@ -63,6 +64,7 @@ from percolake.lake.schema_evolution import (
     added_columns,
     column_mapping_problem,
     merged_schema,
+    timestamp_ntz_problem,
 )
 from percolake.lake.table_cache import FileId, LogEntries
 from percolake.lake.table_features import refusal
@@ -271,7 +273,7 @@ class WriteChecker:
         if key in self._fits:
             return None
         problem = describe_schema_mismatch(layout.schema_json, schema, list(partition_by),
-                                           layout.partition_columns)
+                                           layout.partition_columns, layout.type_widening)
         if problem is None:
             if len(self._fits) >= MAX_SCHEMAS:
                 self._fits.clear()
@@ -304,16 +306,22 @@ class WriteChecker:
 def merge_problem(layout: TableLayout, schema: str,
                    partition_by: tuple[str, ...]) -> str | None:
     """Why a ``merge_schema`` write cannot be committed to the table, None if it can: its
-    columns' types must be the table's (new columns are added by the apply's own log entry)."""
+    columns' types must be the table's, or widen them on a table with
+    ``delta.enableTypeWidening=true`` (new columns and widened types are committed by the
+    apply's own log entry)."""
     problems = []
     if list(partition_by) != list(layout.partition_columns):
         problems.append(f"partitioned by {layout.partition_columns}, not {list(partition_by)}")
     mapped = layout.column_mapping != "none"
     try:
-        merged = merged_schema(layout.schema_json, schema, column_mapping=mapped)
+        merged = merged_schema(layout.schema_json, schema, column_mapping=mapped,
+                               type_widening=layout.type_widening)
     except SchemaConflict as conflict:
         problems.append(str(conflict))
     else:  # the new columns' ids and physical names are those the batch's files carry
+        ntz = timestamp_ntz_problem(merged, layout.protocol.features)
+        if ntz:
+            problems.append(ntz)
         mapping = column_mapping_problem(layout.schema_json, merged, layout.max_column_id) \
             if mapped and added_columns(layout.schema_json, schema) else None
         if mapping:
@@ -362,14 +370,15 @@ def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> N
 
 def _check_files(write: TableWriteRecord,
                  listings: dict[str, Future[dict[str, tuple[int, int | None]]]]) -> None:
-    """Every added file exists at ``<table>/<add.path>`` with the stated size (one stat each)."""
+    """Every added file (and change data file) exists at ``<table>/<path>`` with the stated
+    size (one stat each)."""
     if is_object_store(write.table):
         _check_objects(write, listings)
         return
     root = local_path(write.table)
     missing: list[str] = []
     wrong: list[str] = []
-    for add in write.add_files:
+    for add in (*write.add_files, *write.change_files):
         try:
             info = os.stat(os.path.join(root, add.path))
         except OSError:
@@ -388,7 +397,8 @@ def _start_listings(write: TableWriteRecord
     listing per attempt folder the add paths name (``_percolake/<txn_id>/``, one per write)."""
     if not is_object_store(write.table):
         return {}
-    folders = {"/".join(add.path.split("/")[:2]) for add in write.add_files
+    folders = {"/".join(add.path.split("/")[:2])
+               for add in (*write.add_files, *write.change_files)
                if add.path.startswith(f"{ATTEMPT_DIR}/") and add.path.count("/") >= 2}
     return {folder: leaf_submit(storage.list_files, f"{write.table}/{folder}")
             for folder in sorted(folders)}
@@ -404,7 +414,7 @@ def _check_objects(write: TableWriteRecord,
         sizes.update({f"{folder}/{path}": size for path, (size, _) in listing.result().items()})
     missing: list[str] = []
     wrong: list[str] = []
-    for add in write.add_files:
+    for add in (*write.add_files, *write.change_files):
         listed_folder = "/".join(add.path.split("/")[:2]) in listings
         size = sizes.get(add.path) if listed_folder else storage.object_size(
             f"{write.table}/{add.path}")

@@ -110,7 +110,7 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters", "change_files", "read_set")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,8 @@ class TableWrite(_message.Message):
     OPERATION_METRICS_FIELD_NUMBER: _ClassVar[int]
     REARRANGES_ONLY_FIELD_NUMBER: _ClassVar[int]
     OPERATION_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FILES_FIELD_NUMBER: _ClassVar[int]
+    READ_SET_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
@@ -139,7 +141,28 @@ class TableWrite(_message.Message):
     operation_metrics: str
     rearranges_only: bool
     operation_parameters: str
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ...) -> None: ...
+    change_files: _containers.RepeatedCompositeFieldContainer[ChangeFile]
+    read_set: str
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ..., change_files: _Optional[_Iterable[_Union[ChangeFile, _Mapping]]] = ..., read_set: _Optional[str] = ...) -> None: ...
+
+class ChangeFile(_message.Message):
+    __slots__ = ("path", "size", "partition_values", "null_partition_columns")
+    class PartitionValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_VALUES_FIELD_NUMBER: _ClassVar[int]
+    NULL_PARTITION_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    partition_values: _containers.ScalarMap[str, str]
+    null_partition_columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RemoveFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns")

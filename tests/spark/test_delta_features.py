@@ -11,6 +11,7 @@ import json
 import shutil
 import uuid
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -29,7 +30,6 @@ REFUSED = {
     "rowTracking": ("id BIGINT, name STRING", "'delta.enableRowTracking'='true'"),
     "domainMetadata": ("id BIGINT, name STRING", "'delta.feature.domainMetadata'='supported'"),
     "inCommitTimestamp": ("id BIGINT, name STRING", "'delta.enableInCommitTimestamps'='true'"),
-    "typeWidening": ("id BIGINT, name STRING", "'delta.enableTypeWidening'='true'"),
     "vacuumProtocolCheck": ("id BIGINT, name STRING",
                             "'delta.feature.vacuumProtocolCheck'='supported'"),
     "v2Checkpoint": ("id BIGINT, name STRING", "'delta.checkpointPolicy'='v2'"),
@@ -280,6 +280,62 @@ def test_change_data_feed_and_timestamp_ntz_table_written_and_fed_as_by_delta_sp
 
     assert changes(path) == changes(copy) == [(1, "delete", 2), (1, "insert", 1),
                                               (2, "insert", 2)]
+
+
+def test_merge_schema_widens_types_as_delta_spark_does(spark, lake_daemon, lake):
+    """A table delta-spark made with delta.enableTypeWidening=true and widened itself (ALTER
+    TABLE ... CHANGE COLUMN): merge_schema widens a column, a struct field, a decimal and the
+    partition column in a batch that also writes another table, beside delta-spark's own
+    mergeSchema append of the same rows to a copy: the same schema (delta.typeChanges
+    included), rows and history operation; the new files carry the wider types. Then a plain
+    overwrite, committed as percolake's own log entry too (delta-rs commits nothing there)."""
+    path, other = lake / "widen", lake / "other"
+    create(spark, path, "id INT, f FLOAT, s STRUCT<a: SHORT, b: STRING>, amount DECIMAL(5,2), "
+                        "p INT", "'delta.enableTypeWidening'='true'", "p")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 1.5, named_struct('a', 1, 'b', 'x'), "
+              "1.25, 1)")
+    spark.sql(f"ALTER TABLE delta.`{path}` CHANGE COLUMN id TYPE BIGINT")
+    copy = copy_of(path)
+    run = batches(lake_daemon, "widen")
+    wider = spark.sql("SELECT 2L id, 2.5D f, named_struct('a', 2, 'b', 'y') s, "
+                      "CAST(12345.5 AS DECIMAL(10,2)) amount, 2L p")
+
+    def write(txn) -> None:  # noqa: ANN001
+        txn.write(wider, str(other))
+        txn.write(wider, str(path), merge_schema=True)
+
+    run(spark, write)
+    wider.write.format("delta").mode("append").option("mergeSchema", "true").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [
+        (1, 1.5, (1, "x"), Decimal("1.25"), 1), (2, 2.5, (2, "y"), Decimal("12345.50"), 2)]
+    assert rows(spark, other) == [(2, 2.5, (2, "y"), Decimal("12345.50"), 2)]
+    ours, theirs = last_metadata(path), last_metadata(copy)
+    assert json.loads(ours["schemaString"]) == json.loads(theirs["schemaString"])
+    assert json.loads(ours["schemaString"])["fields"][0]["metadata"] == {"delta.typeChanges": [
+        {"toType": "long", "fromType": "integer"}]}  # ALTER TABLE's, kept
+    assert spark.read.format("delta").load(str(path)).schema == \
+        spark.read.format("delta").load(str(copy)).schema
+
+    def last_operation(table: Path) -> tuple:
+        entry = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()[0]
+        parameters = entry.operationParameters
+        return entry.operation, parameters["mode"], parameters.get("canMergeSchema")
+
+    assert last_operation(path) == last_operation(copy) == ("WRITE", "Append", "true")
+    files = sorted((path / "_percolake").rglob("*.parquet"))
+    assert files
+    for file in files:
+        arrow = pq.read_schema(file)
+        assert str(arrow.field("id").type) == "int64" and str(arrow.field("f").type) == "double"
+        assert str(arrow.field("s").type.field("a").type) == "int32"
+        assert str(arrow.field("amount").type) == "decimal128(10, 2)"
+
+    again = spark.sql("SELECT 3L id, 3.5D f, named_struct('a', 3, 'b', 'z') s, "
+                      "CAST(7 AS DECIMAL(10,2)) amount, 1L p")
+    run(spark, lambda txn: txn.write(again, str(path), mode="overwrite"))
+    again.write.format("delta").mode("overwrite").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(3, 3.5, (3, "z"), Decimal("7.00"), 1)]
+    assert last_operation(path)[:2] == last_operation(copy)[:2] == ("WRITE", "Overwrite")
 
 
 def test_an_append_only_table_takes_appends_as_delta_spark_and_refuses_an_overwrite(

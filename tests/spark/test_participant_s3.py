@@ -4,6 +4,8 @@ at one snapshot through delta-spark and delta-rs alike."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow
 import pytest
 from deltalake import DeltaTable
@@ -122,7 +124,8 @@ def test_delta_spark_skips_files_by_the_executors_stats_and_reads_every_version_
 def test_a_merge_on_an_s3_table_commits_with_the_batch_and_delta_spark_reads_it(
         spark_s3, s3_daemon, tmp_path):
     """The MERGE's files are written once under the attempt's prefix and committed with the
-    batch's append; delta-spark reads the table as its own MERGE leaves a local copy."""
+    batch's append; delta-spark reads the table, and its change data feed (the table has it:
+    change files written by the executors to S3), as its own MERGE leaves a local copy."""
     from delta.tables import DeltaTable as SparkTable
 
     from tests.spark.test_row_level import SCHEMA, cdc_merge, table_rows
@@ -135,7 +138,7 @@ def test_a_merge_on_an_s3_table_commits_with_the_batch_and_delta_spark_reads_it(
         [(1, 5, "eu", "U"), (2, 0, "us", "D"), (9, 90, "ap", "U")], f"{SCHEMA}, op string")
     for path in (location, str(reference)):
         spark_s3.createDataFrame(rows, SCHEMA).repartition(2).write.format("delta") \
-            .partitionBy("region").save(path)
+            .partitionBy("region").option("delta.enableChangeDataFeed", "true").save(path)
     participant = Participant(daemon.target, pipeline_id="s3-merge")
 
     def batch(df, batch_id, txn):  # noqa: ANN001, ANN202
@@ -146,9 +149,18 @@ def test_a_merge_on_an_s3_table_commits_with_the_batch_and_delta_spark_reads_it(
     participant.run_batch(spark_s3.range(1), 0, batch)  # a replay: the MERGE is not repeated
     cdc_merge(SparkTable.forPath(spark_s3, str(reference)), changes)
     assert table_rows(spark_s3, location) == table_rows(spark_s3, reference)
+    feeds = [sorted(tuple(r) for r in spark_s3.read.format("delta")
+                    .option("readChangeFeed", "true").option("startingVersion", 1).load(path)
+                    .drop("_commit_version", "_commit_timestamp").collect())
+             for path in (location, str(reference))]
+    assert feeds[0] == feeds[1] and {r[-1] for r in feeds[0]} >= {"update_preimage", "delete"}
     assert sorted(read_delta_table(credits).column("id").to_pylist()) == [1, 2, 9]
     history = spark_s3.sql(f"DESCRIBE HISTORY delta.`{location}`").collect()
     assert sorted(h.version for h in history) == [0, 1]
     objects = {p for p in storage.list_files(accounts) if not p.startswith("_delta_log/")}
-    assert objects == referenced_paths(accounts), "no file of the attempt is left unreferenced"
+    entry = storage.read_object(f"{accounts}/_delta_log/{1:020d}.json").decode()
+    changes = {json.loads(line)["cdc"]["path"] for line in entry.splitlines() if '"cdc"' in line}
+    assert changes and all(p.startswith("_percolake/") for p in changes)
+    assert objects == referenced_paths(accounts) | changes, \
+        "no file of the attempt is left unreferenced"
     participant.close()

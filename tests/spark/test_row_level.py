@@ -285,6 +285,38 @@ def test_an_outside_commit_after_the_read_aborts_the_attempt_and_the_batch_retri
     assert table_rows(spark, table) == [(1, 50, "eu"), (2, 2, "us"), (3, 30, "ap")]
 
 
+def test_a_merge_reading_one_partition_is_not_retried_for_a_blind_append_and_a_delete_elsewhere(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """WriteSerializable (docs/row-level-writes.md, Concurrency): while the batch holds its
+    MERGE of partition eu, delta-spark blind-appends to eu and deletes a row of us; neither
+    conflicts, so the batch commits on its first attempt, after both, with every row."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"ws-{lake.name}",
+                              row_level_retries=0)
+    table = lake / "dim"
+    make_table(spark, table, [(1, 1, "eu"), (2, 2, "us"), (3, 3, "us")], True)
+    source = spark.createDataFrame([(1, 50, "eu", "U"), (4, 40, "eu", "U")],
+                                   f"{SCHEMA}, op string")
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        (txn.delta_table(str(table)).alias("t")
+         .merge(source.alias("s"), "t.region = 'eu' AND t.id = s.id")
+         .whenMatchedUpdate(set={"value": "s.value"})
+         .whenNotMatchedInsert(values={"id": "s.id", "value": "s.value",
+                                       "region": "s.region"}).execute())
+        outside = df.sparkSession.newSession()  # another job: its commits are not the batch's
+        outside.createDataFrame([(5, 5, "eu")], SCHEMA).write.format("delta") \
+            .mode("append").save(str(table))
+        DeltaTable.forPath(outside, str(table)).delete("region = 'us' AND id = 2")
+
+    participant.run_batch(spark.range(1), 0, batch)
+    assert table_rows(spark, table) == [(1, 50, "eu"), (3, 3, "us"), (4, 40, "eu"),
+                                        (5, 5, "eu")]
+    merged = history(spark, table)
+    assert merged["operation"] == "MERGE" and merged["isBlindAppend"] is False
+    assert merged["readVersion"] == merged["version"] - 3, "it landed after both"
+    assert merged["isolationLevel"] == "WriteSerializable"
+
+
 def test_a_delta_spark_write_inside_the_batch_fails_it_naming_txn_delta_table(
         spark, lake_daemon, lake) -> None:  # noqa: ANN001
     participant = Participant(lake_daemon.target, pipeline_id=f"inside-{lake.name}")

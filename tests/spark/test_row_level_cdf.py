@@ -1,0 +1,111 @@
+"""MERGE, UPDATE and DELETE through ``txn.delta_table`` on a table with the change data feed,
+side by side with delta-spark on a copy: the change feed (rows and ``_change_type``) and the
+latest table read by delta-spark are the same, and each commit carries change files exactly
+where delta-spark's does (docs/row-level-writes.md, Change data feed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkside import Participant
+from sparkside.delta_table import _on_partitions_only
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id long, value long, region string"
+
+
+def change_feed(spark: SparkSession, path: Path) -> Counter:
+    """The table's change feed since version 1, without the commit columns."""
+    feed = (spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", 1).load(str(path))
+            .drop("_commit_version", "_commit_timestamp"))
+    return Counter(tuple(r) for r in feed.collect())
+
+
+def cdc_actions(path: Path, version: int) -> list[dict]:
+    text = (path / "_delta_log" / f"{version:020d}.json").read_text()
+    return [json.loads(line)["cdc"] for line in text.splitlines() if '"cdc"' in line]
+
+
+def merge(dt, source: DataFrame) -> None:  # noqa: ANN001
+    (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+     .whenMatchedDelete("s.value < 0")
+     .whenMatchedUpdate(set={"value": "s.value"})
+     .whenNotMatchedInsert(values={"id": "s.id", "value": "s.value", "region": "s.region"})
+     .execute())
+
+
+def insert_only(dt, source: DataFrame) -> None:  # noqa: ANN001
+    (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+     .whenNotMatchedInsertAll().execute())
+
+
+# batches of operations; delta-spark runs the same operations one commit each
+BATCHES = [
+    [merge],
+    # beside the UPDATE's change files, the append's and the whole-file delete's changes
+    # are written as change files too
+    [lambda dt, s: dt.update("id % 3 = 0", {"value": "value * 10"}), "append",
+     lambda dt, s: dt.delete("region = 'ap'")],
+    [lambda dt, s: insert_only(dt, s.selectExpr("id + 1000 as id", "value", "region"))],
+    [lambda dt, s: dt.delete("value > 150")],
+]
+
+
+def test_merge_update_and_delete_write_the_change_feed_delta_spark_writes(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    ours, theirs = lake / "accounts", lake / "accounts-reference"
+    rows = [(k, k * 7 % 100, ["eu", "us", "ap"][k % 3]) for k in range(30)]
+    (spark.createDataFrame(rows, SCHEMA).repartition(2).write.format("delta")
+     .partitionBy("region").option("delta.enableChangeDataFeed", "true").save(str(ours)))
+    shutil.copytree(ours, theirs)
+    source = spark.createDataFrame(
+        [(2, -1, "ap"), (4, 400, "us"), (5, 55, "ap"), (40, 140, "eu"), (41, 190, "us")],
+        SCHEMA)
+    appended = spark.createDataFrame([(60, 3, "us"), (61, 4, "ap")], SCHEMA)
+    participant = Participant(lake_daemon.target, pipeline_id=f"cdf-{lake.name}")
+    their_versions = []
+    for batch_id, operations in enumerate(BATCHES):
+        def batch(df: DataFrame, batch_id: int, txn, operations=operations) -> None:  # noqa: ANN001
+            for operation in operations:
+                if operation == "append":
+                    txn.write(appended, str(ours), partition_by=["region"])
+                else:
+                    operation(txn.delta_table(str(ours)), source)
+
+        participant.run_batch(spark.range(1), batch_id, batch)
+        for operation in operations:
+            if operation == "append":
+                appended.write.format("delta").mode("append").save(str(theirs))
+            else:
+                operation(DeltaTable.forPath(spark, str(theirs)), source)
+        their_versions.append(DeltaTable.forPath(spark, str(theirs)).history(1)
+                              .collect()[0]["version"])
+
+    assert change_feed(spark, ours) == change_feed(spark, theirs)
+    latest = spark.read.format("delta").load
+    assert sorted(latest(str(ours)).collect()) == sorted(latest(str(theirs)).collect())
+    for version, theirs_version in zip((1, 3, 4), (their_versions[0], *their_versions[2:]),
+                                       strict=True):  # batches of one operation
+        ours_cdc, their_cdc = cdc_actions(ours, version), cdc_actions(theirs, theirs_version)
+        assert bool(ours_cdc) == bool(their_cdc), f"version {version}"
+        assert all(a["dataChange"] is False and a["path"].startswith("_percolake/")
+                   and set(a["partitionValues"]) == {"region"} for a in ours_cdc)
+    assert cdc_actions(ours, 2), "the whole-file delete's rows are change files beside the update's"
+
+
+def test_a_delete_on_partition_columns_only_is_told_apart_as_delta_spark_does(spark) -> None:  # noqa: ANN001
+    frame = spark.createDataFrame([(1, 2, "eu")], SCHEMA).alias("t")
+    for condition, whole_files in [(None, True), ("region = 'eu'", True),
+                                   (F.col("t.region").isin("eu", "us"), True),
+                                   ("region = 'eu' and value > 1", False), ("id = 1", False)]:
+        assert _on_partitions_only(frame, condition, ["region"]) is whole_files, condition
