@@ -194,7 +194,8 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
     reader = Participant(lake_daemon.target, pipeline_id=f"names-read-{uuid.uuid4().hex[:6]}")
     with pytest.raises(ReadDone):
         reader.run_batch(spark.range(1), 0, read_batch)
-    assert counted == [3]
+    assert counted in ([4], [3])  # the table at the latest completed barrier: before or after
+    # the row-level batch (barriers are 5 s apart)
     reader.close()
 
     # the streaming source's load: the name is resolved on the driver, as txn.write's (the
