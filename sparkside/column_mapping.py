@@ -4,8 +4,9 @@ mapping id as the Parquet field id; partition values keyed by physical names (De
 them so). Readers find a column by physical name (``name``) or field id (``id``): a file with the
 logical names reads back as nulls.
 
-A ``merge_schema`` write that adds columns gets them ids and physical names here, before its
-files are written (``ColumnMapping.evolved``); the write intent then carries the merged schema,
+A ``merge_schema`` write (or a MERGE ``withSchemaEvolution``) that adds columns gets them ids and
+physical names here, before its files are written (``ColumnMapping.evolved``,
+``ColumnMapping.with_new_columns``); the write intent then carries the merged schema,
 which the coordinator checks and the apply commits (``percolake.lake.schema_evolution``).
 """
 
@@ -57,15 +58,31 @@ class ColumnMapping:
         delta-spark assigns them), and its widened columns' new types (``delta.typeChanges``);
         None if the batch adds no column and widens none. Its ``schema_json`` is the schema
         the write intent carries."""
-        try:  # the batch's own field metadata is left out: only the ids assigned here count
-            merged = merged_schema(layout.schema_json, batch_json,
-                                   type_widening=layout.type_widening)
+        try:
+            mapping = cls.with_new_columns(layout.schema_json, layout.max_column_id,
+                                           batch_json, type_widening=layout.type_widening)
         except SchemaConflict:
             return None  # the schema check refuses the batch, naming the columns
         if not added_columns(layout.schema_json, batch_json) \
-                and json.loads(merged) == json.loads(layout.schema_json):
+                and json.loads(mapping.schema_json) == json.loads(layout.schema_json):
             return None
-        return cls(with_column_mapping(merged, layout.max_column_id))
+        return mapping
+
+    @classmethod
+    def with_new_columns(cls, table_schema_json: str, max_column_id: int, batch_json: str,
+                         type_widening: bool = False) -> ColumnMapping:
+        """The mapping of ``table_schema_json`` merged with the columns of ``batch_json`` it
+        lacks (and, with ``type_widening``, its widenings), each new field with an id above
+        ``max_column_id`` and a physical name (the batch's own field metadata is left out:
+        only the ids assigned here count). Used by ``merge_schema`` appends and by MERGE's
+        ``withSchemaEvolution``.
+
+        Raises:
+            SchemaConflict: a batch column's type differs from the table's (and is no
+                widening ``type_widening`` allows).
+        """
+        merged = merged_schema(table_schema_json, batch_json, type_widening=type_widening)
+        return cls(with_column_mapping(merged, max_column_id))
 
     def frame(self, df: DataFrame) -> DataFrame:
         """``df`` (the table's columns, any order; nested struct fields matched by name, a

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
@@ -75,8 +76,9 @@ class TransactionDeltaTable:
             and not _on_partitions_only(target, condition, state.partition_by) else None
         state.replace(touched, output, "DELETE",
                       {} if touched else {"numDeletedRows": 0, "numCopiedRows": 0},
-                      {"predicate": _predicates([condition if condition is not None
-                                                 else "true"])}, changes)
+                      {"predicate": _predicates([_resolved(target, condition)
+                                                 if condition is not None else "true"])},
+                      changes)
         if touched:
             state.metrics_update(observed(observation))
 
@@ -89,7 +91,8 @@ class TransactionDeltaTable:
         state.start()
         target = self._frame(state)
         names = _resolve(state, assignments, "UPDATE")
-        parameters = {"predicate": _predicates([condition] if condition is not None else [])}
+        parameters = {"predicate": _predicates([_resolved(target, condition)]
+                                               if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
         touched = _files_where(state, target, condition_column(condition))
         if not touched:
@@ -218,7 +221,8 @@ class TransactionMergeBuilder:
                                         if c.lower() not in known])
             target = self._table._frame(state)
         metrics = _merge(state, self._table, target, self._source, self._condition,
-                         self._clauses, _merge_parameters(self._condition, self._clauses),
+                         self._clauses, _merge_parameters(target, self._source,
+                                                          self._condition, self._clauses),
                          self._schema_evolution)
         state.metrics_update(metrics)
         updated = metrics["numTargetRowsUpdated"]
@@ -239,22 +243,57 @@ def _sql(condition: str | Column) -> str:
     return text[len("Column<'"):-len("'>")] if text.startswith("Column<'") else text
 
 
-def _predicates(conditions: list[str | Column]) -> str:
+def _resolved(frame: DataFrame, condition: str | Column) -> str:
+    """A condition as delta-spark's history shows it: Spark's string of the expression resolved
+    against ``frame`` (columns with their expression ids: ``(region#12 = eu)``), constants
+    folded (``value > 5`` on a bigint column is ``(value#8L > 5)``, not ``cast(5 as bigint)``);
+    the text given if Spark cannot resolve it there (the operation then fails naming it)."""
+    try:
+        plan = _folded(frame.where(condition_column(condition)))
+        return str(plan.condition().toString())
+    except Exception:  # noqa: BLE001 - Py4J's or Spark's error: the operation reports it
+        return _sql(condition)
+
+
+def _predicates(conditions: list[str]) -> str:
     """delta-spark's ``predicate`` parameter: a JSON list of conditions' SQL."""
-    return json.dumps([_sql(c) for c in conditions], separators=(",", ":"))
+    return json.dumps(conditions, separators=(",", ":"))
 
 
-def _merge_parameters(condition: Column, clauses: tuple[_Clause, ...]) -> dict[str, str]:
+def _merge_parameters(target: DataFrame, source: DataFrame, condition: Column,
+                      clauses: tuple[_Clause, ...]) -> dict[str, str]:
     """A MERGE's operationParameters as delta-spark writes them: its condition, and each
-    clause kind's list of ``{predicate, actionType}`` in clause order."""
+    clause kind's list of ``{predicate, actionType}`` in clause order, each condition resolved
+    where delta-spark resolves it (matched clauses on the join, not matched ones on the
+    source, not matched by source ones on the target)."""
+    joined = target.join(source, condition, "inner")
+    scope = {"matched": joined, "not_matched": source, "not_matched_by_source": target}
+
     def of_kind(kind: str) -> str:
-        return json.dumps([({"predicate": _sql(c.condition)} if c.condition is not None
-                            else {}) | {"actionType": c.action}
+        return json.dumps([({"predicate": _resolved(scope[kind], c.condition)}
+                            if c.condition is not None else {}) | {"actionType": c.action}
                            for c in clauses if c.kind == kind], separators=(",", ":"))
 
-    return {"predicate": _predicates([condition]), "matchedPredicates": of_kind("matched"),
+    return {"predicate": _predicates([_join_condition(joined, condition)]),
+            "matchedPredicates": of_kind("matched"),
             "notMatchedPredicates": of_kind("not_matched"),
             "notMatchedBySourcePredicates": of_kind("not_matched_by_source")}
+
+
+def _join_condition(joined: DataFrame, condition: Column) -> str:
+    """A MERGE's condition resolved on its join, as delta-spark's history shows it."""
+    try:
+        found = _folded(joined).condition()
+        return str(found.get().toString()) if found.isDefined() else _sql(condition)
+    except Exception:  # noqa: BLE001 - Py4J's or Spark's error: the MERGE reports it
+        return _sql(condition)
+
+
+def _folded(frame: DataFrame) -> Any:
+    """The analyzed plan of ``frame`` (a JVM object) with Spark's constant folding applied."""
+    jvm = frame.sparkSession._jvm  # noqa: SLF001 - PySpark has no public plan access
+    analyzed = frame._jdf.queryExecution().analyzed()  # noqa: SLF001
+    return jvm.org.apache.spark.sql.catalyst.optimizer.ConstantFolding.apply(analyzed)
 
 
 def _check_clauses(clauses: tuple[_Clause, ...]) -> None:

@@ -44,7 +44,8 @@ from percolake.lake.read_set import (
     table_isolation_level,
     union,
 )
-from percolake.lake.schema_evolution import merged_schema
+from percolake.lake.schema_evolution import MAX_COLUMN_ID, merged_schema
+from percolake.lake.schema_evolution import max_column_id as mapping_max_column_id
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import (
     AddFileRecord,
@@ -127,6 +128,7 @@ class RowLevelTable:
     started: float = 0.0  # when the running operation started (time.monotonic)
     evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
     mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
+    max_column_id: int = 0  # a column-mapped table's delta.columnMapping.maxColumnId, so far
     change_data: bool = False  # delta.enableChangeDataFeed: operations write change files
     changes: dict[str, ChangeFileRecord] = field(default_factory=dict)  # by relative path
     implied: list[DataFrame] = field(default_factory=list)  # changes no change file holds yet
@@ -169,6 +171,7 @@ class RowLevelTable:
                    list(files.partition_columns), {f.path: f for f in files.files},
                    with_vectors=frozenset(vectors),
                    mapping=ColumnMapping(files.schema_json) if mapped else None,
+                   max_column_id=mapping_max_column_id(configuration, files.schema_json),
                    change_data=change_data,
                    isolation_level=table_isolation_level(configuration))
 
@@ -237,13 +240,15 @@ class RowLevelTable:
         null in the rows written before, committed with the batch's write."""
         if not columns:
             return
-        if self.mapping is not None:
-            raise RowLevelWriteRefused(
-                f"table {self.table} has column mapping: percolake's MERGE cannot add the "
-                f"source's columns {list(columns)} to it (withSchemaEvolution); add them "
-                "first (ALTER TABLE ... ADD COLUMNS, or txn.write with merge_schema=True)")
-        self.schema_json = merged_schema(self.schema_json,
-                                         delta_schema_json(source.select(*columns)))
+        added = delta_schema_json(source.select(*columns))
+        if self.mapping is None:
+            self.schema_json = merged_schema(self.schema_json, added)
+        else:  # new ids above maxColumnId and physical names, as delta-spark assigns them
+            self.mapping = ColumnMapping.with_new_columns(self.schema_json,
+                                                          self.max_column_id, added)
+            self.schema_json = self.mapping.schema_json
+            self.max_column_id = mapping_max_column_id(
+                {MAX_COLUMN_ID: str(self.max_column_id)}, self.schema_json)
         self.evolved += [T.StructField(f.name, f.dataType, True)
                          for f in source.select(*columns).schema.fields]
 

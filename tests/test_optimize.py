@@ -195,6 +195,52 @@ def test_a_lost_commit_reply_still_compacts_exactly_once(daemon_factory):
         failing.stop()
 
 
+def table_with_a_deletion_vector(root: Path) -> Path:
+    """A table with the deletionVectors feature: partition ``a`` holds two files of ids 0-4 and
+    5-9; the first carries an inline vector deleting its rows 1 and 3 (ids 1 and 3)."""
+    from tests.test_deleted_rows import vector_data, z85_encode
+
+    (root / "_delta_log").mkdir(parents=True)
+    schema = {"type": "struct", "fields": [
+        {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "part", "type": "string", "nullable": True, "metadata": {}}]}
+    actions: list[dict] = [
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                      "readerFeatures": ["deletionVectors"],
+                      "writerFeatures": ["deletionVectors"]}},
+        {"metaData": {"id": "dv", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": json.dumps(schema), "partitionColumns": ["part"],
+                      "configuration": {"delta.enableDeletionVectors": "true"},
+                      "createdTime": 1}}]
+    data = vector_data([1, 3])
+    vector = {"storageType": "i", "pathOrInlineDv": z85_encode(data + b"\0" * (-len(data) % 4)),
+              "sizeInBytes": len(data), "cardinality": 2}
+    for number, first in enumerate((0, 5)):
+        path = root / "part=a" / f"{number}.parquet"
+        path.parent.mkdir(exist_ok=True)
+        pq.write_table(pa.table({"id": pa.array(range(first, first + 5), pa.int64())}), path)
+        add = {"path": f"part=a/{number}.parquet", "partitionValues": {"part": "a"},
+               "size": path.stat().st_size, "modificationTime": 1, "dataChange": True,
+               "stats": json.dumps({"numRecords": 5})}
+        actions.append({"add": {**add, "deletionVector": vector} if number == 0 else add})
+    (root / "_delta_log" / f"{0:020d}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in actions))
+    return root
+
+
+def test_a_compaction_leaves_out_the_rows_deletion_vectors_delete(tmp_path):
+    uri = canonical_table_uri(str(table_with_a_deletion_vector(tmp_path / "dv")))
+    plan = compaction.plan(uri)
+    assert [len(g) for g in plan.groups] == [2] and set(plan.vectors) == {"part=a/0.parquet"}
+    write = compaction.rewrite(uri, plan, "_percolake/" + "b" * 32)
+    (add,) = write.add_files
+    assert pq.read_table(tmp_path / "dv" / add.path).column("id").to_pylist() == [
+        0, 2, 4, 5, 6, 7, 8, 9]
+    assert add.row_count() == 8
+    assert json.loads(write.operation_metrics)["numDeletionVectorsRemoved"] == "1"
+    check_row_level_write(write)  # 10 rows in the files less the 2 their vector deletes
+
+
 def test_a_compaction_across_a_type_widening_writes_the_wider_type_and_commits(tmp_path):
     """Files of a widened column hold the old type (written before delta.typeChanges) and the
     new one: the compacted file holds the wider type and every row, and the compaction is

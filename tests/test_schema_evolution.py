@@ -31,7 +31,7 @@ from percolake.lake.schema_evolution import (
     with_column_mapping,
 )
 from percolake.lake.write_check import WriteChecker, merge_problem
-from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
 from sparkside.catalog import is_table_name, resolve_table
 from sparkside.delta_log import DataFile
 from sparkside.errors import UnknownTable, UpstreamSchemaChanged
@@ -472,3 +472,46 @@ def test_the_source_refuses_nested_fields_added_upstream_and_reads_lacked_ones_a
     (older,) = [b.to_pylist() for b in read_file(write("older", "x"), started_with)]
     assert older == [{"s": {"x": 1, "y": None}, "a": [{"x": 2, "y": None}],
                       "m": [("k", {"x": 3, "y": None})]}]
+
+
+def test_a_merge_with_schema_evolution_commits_the_new_mapping_with_its_rewrite(tmp_path):
+    """MERGE withSchemaEvolution on a column-mapped table (a ROW_LEVEL write with merge_schema):
+    the new columns' ids, physical names and the raised maxColumnId are committed in the entry
+    that removes the rewritten file and adds the new ones, as delta-spark's MERGE commits them."""
+    root = mapped_table(tmp_path / "m")
+    merged = with_column_mapping(merged_schema(schema(MAPPED_ID), batch_with_new_columns()), 2)
+    appended = mapped_write(root, merged)
+    write = dataclasses.replace(
+        appended, mode=WriteMode.ROW_LEVEL, read_version=0, operation="MERGE",
+        remove_files=(RemoveFileRecord("part-0.parquet",
+                                       (root / "part-0.parquet").stat().st_size, {}),))
+    WriteChecker().check(write)
+    version = apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1", commit_ts=7)
+    entry = [json.loads(line) for line in
+             (root / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    assert [next(iter(a)) for a in entry] == ["commitInfo", "txn", "metaData", "add", "remove"]
+    metadata = entry[2]["metaData"]
+    assert metadata["configuration"] == {"delta.columnMapping.mode": "name",
+                                         "delta.columnMapping.maxColumnId": "5"}
+    assert json.loads(metadata["schemaString"]) == json.loads(merged)
+    assert table_layout(f"file://{root}").max_column_id == 5
+    assert apply_table_write(write, app_id=APP, app_version=0, txn_id="txn-1",
+                             commit_ts=7) == version  # once
+
+
+def test_new_columns_of_a_mapped_table_keep_the_table_mapping_and_drop_the_batch_metadata():
+    """``ColumnMapping.with_new_columns`` (merge_schema appends and MERGE withSchemaEvolution):
+    the table's columns keep their ids and names; a batch column's own metadata (e.g. read from
+    another mapped table) never reaches the table, only the ids assigned above maxColumnId."""
+    from sparkside.column_mapping import ColumnMapping
+
+    foreign = {"delta.columnMapping.id": 1, "delta.columnMapping.physicalName": "col-other"}
+    mapping = ColumnMapping.with_new_columns(
+        schema(MAPPED_ID), 7, schema(field("id", "long"), field("note", "string", True, foreign)))
+    fields = json.loads(mapping.schema_json)["fields"]
+    assert fields[0] == MAPPED_ID
+    assert fields[1]["metadata"]["delta.columnMapping.id"] == 8
+    assert fields[1]["metadata"]["delta.columnMapping.physicalName"].startswith("col-")
+    assert fields[1]["metadata"]["delta.columnMapping.physicalName"] != "col-other"
+    assert mapping.names == {"id": "col-id",
+                             "note": fields[1]["metadata"]["delta.columnMapping.physicalName"]}

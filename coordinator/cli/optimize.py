@@ -106,7 +106,7 @@ def optimize(call: Call, table: str, where: str, target_size: int) -> dict[str, 
             _abort(call, txn.txn_id, "optimize: nothing to compact")
             return _result(location.table, txn.txn_id, plan, None, None)
         folder = location.write_location[len(location.table):].lstrip("/")
-        write = compaction.rewrite(location.table, plan, folder)
+        write = compaction.rewrite(location.table, plan, folder, where)
         _commit(call, txn.txn_id, location.table, write)
     except BaseException as exc:
         beating.set()

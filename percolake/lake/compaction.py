@@ -4,6 +4,11 @@ partition), the rewrite of each group into one file with pyarrow (local disk or 
 write intent (``ROW_LEVEL``, operation ``OPTIMIZE``, ``data_change=False``). No Spark, no
 delta-rs writer: the coordinator commits the intent like any transaction's.
 
+On a table with deletion vectors, as delta-spark's OPTIMIZE does, the rewrite leaves out the
+rows a file's vector deletes (``deleted_rows``), a file with a vector is a candidate even when it
+is large, and its remove carries the vector (``row_level_entry``); a file left alone (the only
+candidate of its partition) keeps its vector, as in delta-spark.
+
 Only partition predicates select what is compacted (``partition_filter``): ``col = 'v'``,
 ``!=``/``<>``, ``<``, ``<=``, ``>``, ``>=``, ``col IN ('a', 'b')``, ``col IS NULL``,
 ``col IS NOT NULL``, joined by ``AND``.
@@ -13,16 +18,20 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import storage
+from percolake.lake.deleted_rows import deleted_rows
+from percolake.lake.deletion_vectors import DeletionVector, deletion_vectors
 from percolake.lake.delta_commit import TableLayout, files_of_version, table_layout
 from percolake.lake.parquet_stats import delta_stats
 from percolake.lake.warehouse import is_object_store, local_path
@@ -36,8 +45,8 @@ from percolake.records import (
 
 DEFAULT_TARGET_SIZE = 100 * 1024 * 1024  # bytes of one compacted file, at most (delta-rs's)
 OPERATION = "OPTIMIZE"
-# features whose files pyarrow cannot rewrite faithfully: hidden deleted rows, row ids
-REFUSED_FEATURES = ("deletionVectors", "rowTracking")
+# features whose files pyarrow cannot rewrite faithfully: row ids
+REFUSED_FEATURES = ("rowTracking",)
 _CONDITION = re.compile(
     r"^\s*`?(?P<column>[A-Za-z_][A-Za-z0-9_]*)`?\s*(?:"
     r"(?P<op>=|==|!=|<>|<=|>=|<|>)\s*(?P<value>'(?:[^']|'')*'|-?\d+(?:\.\d+)?)"
@@ -58,6 +67,7 @@ class Plan:
     groups: tuple[tuple[AddFileRecord, ...], ...]
     considered: int  # files in the selected partitions
     partitions: int  # partitions with at least one group
+    vectors: Mapping[str, DeletionVector] = field(default_factory=dict)  # files' vectors
 
     @property
     def removed(self) -> list[AddFileRecord]:
@@ -149,13 +159,15 @@ def plan(table_uri: str, where: str = "", target_size: int = DEFAULT_TARGET_SIZE
             "rewrites files with pyarrow, which would not keep them; use delta-spark's OPTIMIZE "
             "with no percolake transaction running on the table")
     selects = partition_filter(where, layout) if where.strip() else (lambda values: True)
+    vectors = deletion_vectors(table_uri, layout.version) \
+        if layout.protocol.has("deletionVectors") else {}
     by_partition: dict[tuple, list[AddFileRecord]] = {}
     considered = 0
     for file in files_of_version(table_uri, layout.version).files:
         if not selects(file.partition_values):
             continue
         considered += 1
-        if file.size < target_size:
+        if file.size < target_size or file.path in vectors:
             key = tuple(sorted(file.partition_values.items(), key=lambda kv: kv[0]))
             by_partition.setdefault(key, []).append(file)
     groups: list[tuple[AddFileRecord, ...]] = []
@@ -165,7 +177,7 @@ def plan(table_uri: str, where: str = "", target_size: int = DEFAULT_TARGET_SIZE
                   if len(g) > 1]
         partitions += bool(packed)
         groups.extend(packed)
-    return Plan(layout.version, layout, tuple(groups), considered, partitions)
+    return Plan(layout.version, layout, tuple(groups), considered, partitions, vectors)
 
 
 def _pack(files: Sequence[AddFileRecord], target_size: int) -> list[tuple[AddFileRecord, ...]]:
@@ -201,23 +213,29 @@ def concat_widened(tables: Sequence[pa.Table]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
-def rewrite(table_uri: str, compaction: Plan, attempt_folder: str) -> TableWriteRecord:
-    """Writes each group's rows into one new file under ``attempt_folder`` (relative to the
-    table: the transaction's write location) and returns the write intent that swaps them.
+def rewrite(table_uri: str, compaction: Plan, attempt_folder: str,
+            where: str = "") -> TableWriteRecord:
+    """Writes each group's rows (without those deletion vectors delete) into one new file
+    under ``attempt_folder`` (relative to the table: the transaction's write location) and
+    returns the write intent that swaps them.
     """
     files = table_filesystem(table_uri)
+    local = not is_object_store(table_uri)
     adds: list[AddFileRecord] = []
     for group in compaction.groups:
-        rows = concat_widened([pq.read_table(files.open_input_file(f.path)) for f in group])
+        rows = concat_widened([_visible_rows(table_uri, files, f, compaction.vectors)
+                               for f in group])
         values = dict(group[0].partition_values)
         path = f"{attempt_folder}/optimize/part-{uuid.uuid4().hex}.parquet"
-        files.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if local:  # an object store has no folders (Arrow would put marker objects)
+            files.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        collector: list[pq.FileMetaData] = []
         with files.open_output_stream(path) as sink:
-            pq.write_table(rows, sink, coerce_timestamps="us", allow_truncated_timestamps=False)
-        with files.open_input_file(path) as source:
-            stats = delta_stats(pq.read_metadata(source))
-        adds.append(AddFileRecord(path, files.get_file_info(path).size, values, 0,
-                                  json.dumps(stats)))
+            pq.write_table(rows, sink, coerce_timestamps="us", allow_truncated_timestamps=False,
+                           metadata_collector=collector)
+            size = sink.tell()
+        adds.append(AddFileRecord(path, size, values, int(time.time() * 1000),
+                                  json.dumps(delta_stats(collector[0]))))
     removed = compaction.removed
     metrics = {"numFilesAdded": str(len(adds)), "numFilesRemoved": str(len(removed)),
                "numAddedBytes": str(sum(a.size for a in adds)),
@@ -225,12 +243,51 @@ def rewrite(table_uri: str, compaction: Plan, attempt_folder: str) -> TableWrite
                "partitionsOptimized": str(compaction.partitions),
                "totalConsideredFiles": str(compaction.considered),
                "totalFilesSkipped": str(compaction.considered - len(removed)),
-               "numBatches": str(len(compaction.groups))}
+               "numBatches": str(len(compaction.groups)),
+               # delta-spark's OPTIMIZE names (DESCRIBE HISTORY), beside the ones above
+               "numAddedFiles": str(len(adds)), "numRemovedFiles": str(len(removed)),
+               "numDeletionVectorsRemoved": str(sum(f.path in compaction.vectors
+                                                    for f in removed)),
+               **_size_percentiles([a.size for a in adds])}
     return TableWriteRecord(
         table_uri, WriteMode.ROW_LEVEL, tuple(adds), compaction.layout.schema_json,
         tuple(compaction.layout.partition_columns),
         remove_files=tuple(RemoveFileRecord(f.path, f.size, dict(f.partition_values))
                            for f in removed),
         read_version=compaction.version, operation=OPERATION,
-        operation_metrics=json.dumps(metrics), data_change=False)
+        operation_metrics=json.dumps(metrics), data_change=False,
+        operation_parameters=json.dumps(parameters(where)))
 
+
+def parameters(where: str) -> dict[str, str]:
+    """The operationParameters delta-spark's OPTIMIZE writes: its predicate (the ``--where``
+    text, a JSON list; ``[]`` without one), not automatic, no Z-order or clustering columns."""
+    return {"predicate": json.dumps([where.strip()] if where.strip() else []),
+            "auto": "false", "zOrderBy": "[]", "clusterBy": "[]"}
+
+
+def _size_percentiles(sizes: list[int]) -> dict[str, str]:
+    """delta-spark's OPTIMIZE file-size metrics of the files it added."""
+    if not sizes:
+        return {}
+    ordered = sorted(sizes)
+
+    def at(fraction: float) -> str:
+        return str(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))])
+
+    return {"minFileSize": str(ordered[0]), "p25FileSize": at(0.25), "p50FileSize": at(0.5),
+            "p75FileSize": at(0.75), "maxFileSize": str(ordered[-1])}
+
+
+
+def _visible_rows(table_uri: str, files: pafs.FileSystem, file: AddFileRecord,
+                  vectors: Mapping[str, DeletionVector]) -> pa.Table:
+    """A data file's rows, without those its deletion vector (if any) deletes."""
+    with files.open_input_file(file.path) as source:
+        rows = pq.read_table(source)
+    vector = vectors.get(file.path)
+    if vector is None:
+        return rows
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[deleted_rows(table_uri, vector)] = False
+    return rows.filter(pa.array(keep))

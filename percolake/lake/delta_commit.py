@@ -258,7 +258,10 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 entry = row_level_entry(write, layout, properties)
                 evolved = evolved_schema(table, write)
                 if evolved is not None:  # MERGE withSchemaEvolution: columns and data at once
-                    entry.insert(2, metadata_action(table.metadata(), evolved))
+                    entry.insert(2, metadata_action(table.metadata(), evolved,
+                                                    _evolved_configuration(
+                                                        table.metadata().configuration,
+                                                        evolved)))
                 if _put_own_entry(table, write.table, entry, "row-level-entry", app_version):
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 _lost_race_pause(write.table, txn_id, attempt)

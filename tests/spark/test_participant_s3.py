@@ -164,3 +164,59 @@ def test_a_merge_on_an_s3_table_commits_with_the_batch_and_delta_spark_reads_it(
     assert objects == referenced_paths(accounts) | changes, \
         "no file of the attempt is left unreferenced"
     participant.close()
+
+
+def test_optimize_of_an_s3_table_with_deletion_vectors_drops_the_deleted_rows(
+        spark_s3, s3_daemon, tmp_path):  # noqa: ANN001
+    """A table delta-spark made with deletion vectors (its DELETE wrote them), on S3:
+    ``percolake-coordinator optimize`` rewrites each file with a vector without the rows it
+    deletes (also a file alone in its partition), removes the files with their vectors, and
+    delta-spark reads the same rows as before and as after its own OPTIMIZE of a copy."""
+    import json
+    import shutil
+
+    import pyarrow.fs as pafs
+
+    from percolake.lake.delta_commit import commit_uri
+    from percolake.lake.warehouse import spark_uri
+    from tests.test_ops_cli import cli
+
+    daemon, root = s3_daemon
+    local, reference = tmp_path / "dv", tmp_path / "dv-reference"
+    spark_s3.sql(f"CREATE TABLE delta.`{local}` (id BIGINT, part STRING) USING DELTA "
+                 "PARTITIONED BY (part) TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+    for first, part in ((0, "a"), (10, "a"), (20, "b")):
+        spark_s3.range(first, first + 10, numPartitions=1).selectExpr("id", f"'{part}' AS part") \
+            .write.format("delta").mode("append").save(str(local))
+    spark_s3.sql(f"DELETE FROM delta.`{local}` WHERE id % 3 = 0")
+    shutil.copytree(local, reference)
+    table = f"{root}/dv"
+    pafs.copy_files(str(local), storage.arrow_path(table),
+                    destination_filesystem=storage.s3_filesystem())
+    visible = sorted(tuple(r) for r in spark_s3.read.format("delta").load(str(local)).collect())
+    version = DeltaTable(table, storage_options=storage.delta_storage_options(table)).version()
+
+    done = cli("optimize", "--table", table, "--json", "--target", daemon.target)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["files_removed"] == 2  # a's; b's one file is left alone
+    after = sorted(tuple(r) for r in spark_s3.read.format("delta").load(
+        spark_uri(table)).collect())
+    assert after == visible and len(visible) == 20
+    entry = [json.loads(line) for line in
+             storage.read_object(commit_uri(table, version + 1)).decode().splitlines()]
+    removes = [a["remove"] for a in entry if "remove" in a]
+    (add,) = [a["add"] for a in entry if "add" in a]
+    assert len(removes) == 2 and all(r.get("deletionVector") for r in removes)
+    assert "deletionVector" not in add
+    assert json.loads(add["stats"])["numRecords"] == 13  # a's 20 rows less the 7 deleted
+
+    spark_s3.sql(f"OPTIMIZE delta.`{reference}`").collect()  # delta-spark's, on the copy
+    assert sorted(tuple(r) for r in spark_s3.read.format("delta").load(
+        str(reference)).collect()) == after
+    ours, theirs = (spark_s3.sql(f"DESCRIBE HISTORY delta.`{t}` LIMIT 1").collect()[0]
+                    for t in (spark_uri(table), reference))
+    assert ours.operation == theirs.operation == "OPTIMIZE"
+    assert set(ours.operationParameters) == set(theirs.operationParameters)
+    for name in ("numAddedFiles", "numRemovedFiles", "numDeletionVectorsRemoved"):
+        assert ours.operationMetrics[name] == theirs.operationMetrics[name], name
+    assert set(theirs.operationMetrics) <= set(ours.operationMetrics)
