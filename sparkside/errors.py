@@ -60,7 +60,8 @@ class NotAppendOnly(PercolakeError):
 
 class ConstraintViolation(PercolakeError):
     """A row of the batch breaks a NOT NULL, CHECK or generated-column rule of its table (the
-    message names the rule and the row's values, as delta-spark's); nothing was committed."""
+    message names the rule and the row's values, as delta-spark's), or the batch lacks a NOT
+    NULL column (raised by ``txn.write``); nothing was committed."""
 
 
 class UnknownTable(PercolakeError):

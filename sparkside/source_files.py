@@ -2,9 +2,10 @@
 
 Each file becomes Arrow record batches in exactly the Arrow schema Spark expects of the source's
 Spark schema: columns in schema order, cast to their types, partition values (strings in the
-Delta log) added as columns, columns the file lacks (added to the table later) as nulls. A file
-with columns the schema lacks (added upstream after the query started) is refused, unless the
-source's ``new_columns`` option is ``ignore``.
+Delta log) added as columns, columns and nested struct fields the file lacks (added to the table
+later) as nulls. A file with columns or nested struct fields the schema lacks (added upstream
+after the query started) is refused, unless the source's ``new_columns`` option is ``ignore``
+(then they are left out).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def read_file(partition: FilePartition, schema: pa.Schema,
     with partition.filesystem().open_input_file(partition.file.path) as stream:
         parquet = pq.ParquetFile(stream)
         present = set(parquet.schema_arrow.names)
-        new = sorted(present - set(schema.names))
+        new = added_fields(parquet.schema_arrow, schema)
         if new and not ignore_new_columns:
             raise UpstreamSchemaChanged(
                 f"table {partition.table}: version {partition.version} has columns {new} that "
@@ -80,6 +81,30 @@ def read_file(partition: FilePartition, schema: pa.Schema,
         values = dict(partition.file.partition_values)
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
             yield conform(batch, schema, values)
+
+
+def added_fields(file: pa.Schema, schema: pa.Schema) -> list[str]:
+    """The columns and nested struct fields (``s.z``, ``a.element.z``, ``m.value.z``) of a
+    file that ``schema`` lacks, sorted."""
+    found: list[str] = []
+    _added(pa.struct(list(file)), pa.struct(list(schema)), "", found)
+    return sorted(found)
+
+
+def _added(file: pa.DataType, wanted: pa.DataType, path: str, found: list[str]) -> None:
+    if pa.types.is_struct(file) and pa.types.is_struct(wanted):
+        known = {wanted.field(i).name: wanted.field(i).type for i in range(wanted.num_fields)}
+        for field in (file.field(i) for i in range(file.num_fields)):
+            where = f"{path}{field.name}"
+            if field.name not in known:
+                found.append(where)
+            else:
+                _added(field.type, known[field.name], f"{where}.", found)
+    elif pa.types.is_map(file) and pa.types.is_map(wanted):
+        _added(file.item_type, wanted.item_type, f"{path}value.", found)
+    elif pa.types.is_list(file) and pa.types.is_list(wanted) or \
+            pa.types.is_large_list(file) and pa.types.is_large_list(wanted):
+        _added(file.value_type, wanted.value_type, f"{path}element.", found)
 
 
 def wider(file_type: pa.DataType, query_type: pa.DataType) -> bool:

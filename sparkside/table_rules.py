@@ -4,7 +4,10 @@ writer does, inside the write's own Spark job (the data is read once).
 Shaping: a batch column that differs from a table column only in case is written as the
 table's column (unless ``spark.sql.caseSensitive``); a table column the batch lacks is null;
 a generated column (``delta.generationExpression`` in its field metadata) the batch lacks is
-computed; columns follow the table's order, new ones (``merge_schema``) after them.
+computed; columns follow the table's order, new ones (``merge_schema``) after them; nested
+struct fields are matched the same way, at any depth (``nested_fields``: a field the batch
+lacks is null). A batch that lacks a NOT NULL column or struct field is refused at once, as
+delta-spark refuses it (``DELTA_MISSING_NOT_NULL_COLUMN_VALUE``).
 
 Rules, enforced by a filter whose condition raises (``raise_error``) on the first offending row
 the executors meet, so nothing is written by a failing task and the batch fails before its
@@ -32,6 +35,7 @@ from pyspark.sql import types as T
 
 from percolake.lake.delta_commit import TableLayout
 from sparkside.errors import ConstraintViolation, SchemaMismatch
+from sparkside.nested_fields import conform_column, missing_not_null, missing_not_null_message
 
 GENERATION_KEY = "delta.generationExpression"
 NOT_NULL_CLASS = "[DELTA_NOT_NULL_CONSTRAINT_VIOLATED]"
@@ -111,7 +115,9 @@ def conform_batch(df: DataFrame, layout: TableLayout | None, table: str,
     """``df`` shaped to the table, with the table's rules as a raising filter (module doc).
 
     Raises:
-        SchemaMismatch: two batch columns that name one table column.
+        SchemaMismatch: two batch columns (or struct fields) that name one of the table.
+        ConstraintViolation: the batch lacks a NOT NULL column or struct field (as
+            delta-spark, even when it has no rows).
     """
     if layout is None:
         return df
@@ -126,6 +132,12 @@ def conform_batch(df: DataFrame, layout: TableLayout | None, table: str,
                                  f"{batch_by_key[key(name)]!r} and {name!r}, which name one "
                                  "column of the table. Nothing was written.")
         batch_by_key[key(name)] = name
+    computed = {f["name"] for f in table_fields if (f.get("metadata") or {}).get(GENERATION_KEY)}
+    missing = missing_not_null(table_fields, df.schema, key, computed)
+    if missing:
+        raise ConstraintViolation(f"batch {batch_id} breaks a rule of table {table}: "
+                                  f"{missing_not_null_message(missing)}\nNothing was written.")
+    batch_types = {f.name: f.dataType for f in df.schema.fields}
     spark_fields = {f.name: f for f in T.StructType.fromJson(json.loads(layout.schema_json))}
     columns: list[Column] = []
     given: set[str] = set()
@@ -136,7 +148,9 @@ def conform_batch(df: DataFrame, layout: TableLayout | None, table: str,
         expression = (field.get("metadata") or {}).get(GENERATION_KEY)
         if source is not None:
             given.add(name)
-            columns.append(F.col(quoted(source)).alias(name))
+            column = F.col(quoted(source))
+            shaped = conform_column(column, batch_types[source], field["type"], key, name)
+            columns.append((column if shaped is None else shaped).alias(name))
         elif expression:
             generated.append((name, expression))
         else:

@@ -30,7 +30,7 @@ from percolake.lake.schema_evolution import (
     merged_schema,
     with_column_mapping,
 )
-from percolake.lake.write_check import WriteChecker
+from percolake.lake.write_check import WriteChecker, merge_problem
 from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
 from sparkside.catalog import is_table_name, resolve_table
 from sparkside.delta_log import DataFile
@@ -261,16 +261,18 @@ MAPPED_ID = field("id", "long", True, {"delta.columnMapping.id": 1,
                                        "delta.columnMapping.physicalName": "col-id"})
 
 
-def mapped_table(root: Path, max_column_id: int = 2) -> Path:
+def mapped_table(root: Path, max_column_id: int = 2, schema_json: str | None = None) -> Path:
     """A column-mapped table (mode name) as delta-spark logs one: id is ``col-id``; a dropped
-    column once held id 2, so maxColumnId is above the highest id left."""
+    column once held id 2, so maxColumnId is above the highest id left (``schema_json``: the
+    table's schema instead, the file being a stand-in)."""
     (root / "_delta_log").mkdir(parents=True)
     data = pa.table({"col-id": pa.array([1], pa.int64())})
     pq.write_table(data, root / "part-0.parquet")
     actions = [
         {"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}},
         {"metaData": {"id": "mapped", "format": {"provider": "parquet", "options": {}},
-                      "schemaString": schema(MAPPED_ID), "partitionColumns": [],
+                      "schemaString": schema_json or schema(MAPPED_ID),
+                      "partitionColumns": [],
                       "configuration": {"delta.columnMapping.mode": "name",
                                         "delta.columnMapping.maxColumnId": str(max_column_id)},
                       "createdTime": 1}},
@@ -401,6 +403,75 @@ def test_a_mapped_merge_keys_its_adds_partition_values_by_physical_name(tmp_path
              (root / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
     assert [a["add"]["partitionValues"] for a in entry if "add" in a] == [{"col-day": "a"}]
     assert DeltaTable(str(root)).version() == version  # delta-rs reads the entry back
+
+
+def mapped(name: str, kind: object, field_id: int) -> dict:
+    return field(name, kind, True, {"delta.columnMapping.id": field_id,
+                                    "delta.columnMapping.physicalName": f"col-{field_id}"})
+
+
+def in_array(*fields: dict) -> dict:
+    return {"type": "array", "elementType": {"type": "struct", "fields": list(fields)},
+            "containsNull": True}
+
+
+def in_map(*fields: dict) -> dict:
+    return {"type": "map", "keyType": "string",
+            "valueType": {"type": "struct", "fields": list(fields)}, "valueContainsNull": True}
+
+
+NESTED_MAPPED = schema(mapped("a", in_array(mapped("x", "integer", 2)), 1),
+                       mapped("m", in_map(mapped("x", "integer", 4)), 3))
+ADDS_INSIDE = schema(field("a", in_array(field("x", "integer"), field("w", "integer"))),
+                     field("m", in_map(field("x", "integer"), field("v", "string"))))
+
+
+def test_fields_added_inside_arrays_and_maps_are_new_columns_named_and_mapped(tmp_path):
+    """A batch whose only new fields lie in an array's structs or a map's values: they are new
+    columns (named in the refusal without merge_schema), and on a column-mapped table the
+    coordinator refuses them without ids, as it does top-level ones."""
+    assert added_columns(NESTED_MAPPED, ADDS_INSIDE) == ["a.element.w", "m.value.v"]
+    problem = delta_commit.describe_schema_mismatch(NESTED_MAPPED, ADDS_INSIDE, None, [])
+    assert problem == ("unknown columns ['a.element.w', 'm.value.v'] (txn.write(..., "
+                       "merge_schema=True) adds them to the table)")
+    layout = table_layout(f"file://{mapped_table(tmp_path / 'm', 4, NESTED_MAPPED)}")
+    unmapped = merged_schema(NESTED_MAPPED, ADDS_INSIDE, column_mapping=True)
+    assert "new column 'a.element.w' has no column mapping id" in \
+        merge_problem(layout, unmapped, ())
+    ids = json.loads(with_column_mapping(unmapped, 4))
+    assert ids["fields"][0]["type"]["elementType"]["fields"][1]["metadata"][
+        "delta.columnMapping.id"] == 5
+    assert merge_problem(layout, json.dumps(ids), ()) is None
+
+
+def test_the_source_refuses_nested_fields_added_upstream_and_reads_lacked_ones_as_null(tmp_path):
+    """A struct, an array's structs and a map's values that gained a field after the query
+    started: refused naming them (or left out with new_columns=ignore); older files that lack
+    a field the query's schema has read it as null."""
+    def struct(*names: str) -> pa.DataType:
+        return pa.struct([(n, pa.int64()) for n in names])
+
+    def write(name: str, *fields: str) -> FilePartition:
+        data = pa.table({"s": pa.array([dict.fromkeys(fields, 1)], struct(*fields)),
+                         "a": pa.array([[dict.fromkeys(fields, 2)]], pa.list_(struct(*fields))),
+                         "m": pa.array([[("k", dict.fromkeys(fields, 3))]],
+                                       pa.map_(pa.string(), struct(*fields)))})
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(data, path)
+        return FilePartition("file:///lake/t", 4, DataFile(str(path), path.stat().st_size, ()))
+
+    started_with = pa.schema([("s", struct("x", "y")), ("a", pa.list_(struct("x", "y"))),
+                              ("m", pa.map_(pa.string(), struct("x", "y")))])
+    newer = write("newer", "x", "y", "z")
+    with pytest.raises(UpstreamSchemaChanged, match=r"\['a.element.z', 'm.value.z', 's.z'\]"
+                                                    r".*Restart the query.*new_columns"):
+        list(read_file(newer, started_with))
+    (ignored,) = [b.to_pylist() for b in read_file(newer, started_with, ignore_new_columns=True)]
+    assert ignored == [{"s": {"x": 1, "y": 1}, "a": [{"x": 2, "y": 2}],
+                        "m": [("k", {"x": 3, "y": 3})]}]
+    (older,) = [b.to_pylist() for b in read_file(write("older", "x"), started_with)]
+    assert older == [{"s": {"x": 1, "y": None}, "a": [{"x": 2, "y": None}],
+                      "m": [("k", {"x": 3, "y": None})]}]
 
 
 def test_a_merge_with_schema_evolution_commits_the_new_mapping_with_its_rewrite(tmp_path):

@@ -49,7 +49,9 @@ from percolake.lake.log_entry import (
 from percolake.lake.schema_evolution import (
     MAX_COLUMN_ID,
     SchemaConflict,
+    added_columns,
     column_mapping_problem,
+    extends,
     max_column_id,
     merged_schema,
     type_change_problem,
@@ -723,13 +725,15 @@ def describe_schema_mismatch(existing_json: str, new_json: str, partition_by: li
     problems = []
     missing = sorted(set(existing) - set(new))
     extra = sorted(set(new) - set(existing))
+    extra += [c for c in added_columns(existing_json, new_json) if "." in c]  # nested fields
     if missing:
         problems.append(f"missing columns {missing}")
     if extra:
         problems.append(f"unknown columns {extra} (txn.write(..., merge_schema=True) adds them "
                         "to the table)")
     for name in sorted(set(existing) & set(new)):
-        if _shape(existing[name]["type"]) != _shape(new[name]["type"]):
+        if _shape(existing[name]["type"]) != _shape(new[name]["type"]) \
+                and not extends(existing[name]["type"], new[name]["type"]):
             problems.append(type_change_problem(name, existing[name]["type"], new[name]["type"],
                                                 type_widening, merge_schema=False))
     if partition_by is not None and list(partition_by) != list(existing_partitions):

@@ -69,7 +69,8 @@ def merged_schema(table_json: str, batch_json: str, column_mapping: bool = False
 
 
 def added_columns(table_json: str, batch_json: str) -> list[str]:
-    """The columns (``a.b`` for nested fields) the batch has and the table lacks."""
+    """The columns (``a.b`` for nested fields; ``a.element.b`` in an array's structs,
+    ``a.value.b`` in a map's values) the batch has and the table lacks."""
     found: list[str] = []
     _collect_added(json.loads(table_json), json.loads(batch_json), "", found)
     return found
@@ -78,6 +79,16 @@ def added_columns(table_json: str, batch_json: str) -> list[str]:
 class _Rules(NamedTuple):
     mapped: bool  # column-mapped table
     widening: bool  # delta.enableTypeWidening=true
+
+
+def extends(table_type: Any, batch_type: Any) -> bool:
+    """Whether the (parsed) Delta type ``batch_type`` is ``table_type`` with nested fields added
+    after each struct's own, as ``merged_schema`` adds them (a write that needs
+    ``merge_schema``, nothing else)."""
+    problems: list[str] = []
+    merged = _merge_type(table_type, batch_type, "", problems, _Rules(False, False),
+                         "", [])
+    return not problems and _shape(merged) == _shape(batch_type)
 
 
 def _merge_struct(table: dict[str, Any], batch: dict[str, Any], prefix: str,
@@ -211,12 +222,23 @@ def _collect_added(table: dict[str, Any], batch: dict[str, Any], prefix: str,
         path = f"{prefix}{field['name']}"
         if old is None:
             found.append(path)
-        elif _is_struct(old["type"]) and _is_struct(field["type"]):
-            _collect_added(old["type"], field["type"], f"{path}.", found)
+        else:
+            _collect_added_in(old["type"], field["type"], path, found)
 
 
-def _is_struct(delta_type: Any) -> bool:
-    return isinstance(delta_type, dict) and delta_type.get("type") == "struct"
+def _collect_added_in(table: Any, batch: Any, path: str, found: list[str]) -> None:
+    """The fields ``batch`` adds to the nested type ``table`` (structs, also in arrays and map
+    values, as delta-spark's ``mergeSchema`` adds them)."""
+    kind = table.get("type") if isinstance(table, dict) else None
+    if not isinstance(batch, dict) or batch.get("type") != kind:
+        return
+    if kind == "struct":
+        _collect_added(table, batch, f"{path}.", found)
+    elif kind == "array":
+        _collect_added_in(table["elementType"], batch["elementType"], f"{path}.element", found)
+    elif kind == "map":
+        _collect_added_in(table["keyType"], batch["keyType"], f"{path}.key", found)
+        _collect_added_in(table["valueType"], batch["valueType"], f"{path}.value", found)
 
 
 def _new_field(field: dict[str, Any], mapped: bool) -> dict[str, Any]:

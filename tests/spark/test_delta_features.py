@@ -336,3 +336,26 @@ def test_merge_schema_widens_types_as_delta_spark_does(spark, lake_daemon, lake)
     again.write.format("delta").mode("overwrite").save(str(copy))
     assert rows(spark, path) == rows(spark, copy) == [(3, 3.5, (3, "z"), Decimal("7.00"), 1)]
     assert last_operation(path)[:2] == last_operation(copy)[:2] == ("WRITE", "Overwrite")
+
+
+def test_an_append_only_table_takes_appends_as_delta_spark_and_refuses_an_overwrite(
+        spark, lake_daemon, lake):
+    """``delta.appendOnly``: an append equal to delta-spark's own append to a copy; an overwrite
+    refused before the commit point, naming the property, as delta-spark refuses its own."""
+    path = lake / "append-only"
+    create(spark, path, "id BIGINT, name STRING", "'delta.appendOnly'='true'")
+    copy = copy_of(path)
+    run = batches(lake_daemon, "append-only")
+    values = spark.createDataFrame([(1, "a"), (2, None)], "id long, name string")
+    run(spark, lambda txn: txn.write(values, str(path)))
+    values.write.format("delta").mode("append").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy)
+    with pytest.raises(Exception, match="DELTA_CANNOT_MODIFY_APPEND_ONLY"):  # noqa: PT011
+        values.write.format("delta").mode("overwrite").save(str(copy))
+    before, files = versions(path), set(path.glob("_percolake/*/*.parquet"))
+    with pytest.raises(Exception, match=r"delta.appendOnly=true: a overwrite write cannot "  # noqa: PT011
+                                        "remove its files"):
+        run(spark, lambda txn: txn.write(values, str(path), mode="overwrite"))
+    assert versions(path) == before
+    assert rows(spark, path) == rows(spark, copy)
+    assert set(path.glob("_percolake/*/*.parquet")) == files  # the attempt's were deleted

@@ -405,3 +405,57 @@ def test_a_downstream_query_reads_barrier_ranges_exactly_and_replays_them(
     assert all(latest.versions[t] >= snap.versions[t] for t in tables)
     reader.close()
     root.close()
+
+
+def test_a_query_refuses_an_upstream_column_addition_naming_the_way_out_and_follows_it(
+        spark, topo_daemon, tmp_path: Path) -> None:  # noqa: ANN001
+    """Through ``.load``: an upstream merge_schema batch adding a column fails the running
+    query naming the column, the restart and the option; restarted, the query reads it; with
+    ``new_columns=ignore`` a later addition is left out and the query goes on."""
+    lake = topo_daemon.warehouse / uuid.uuid4().hex[:8]
+    lake.mkdir()
+    orders, checkpoint = lake / "orders", tmp_path / "reader-ck"
+    root = Participant(topo_daemon.target, f"orders-{lake.name}")
+
+    def append(batch_id: int, sql: str) -> None:
+        root.run_batch(spark.range(1), batch_id, lambda df, b, txn: txn.write(
+            spark.sql(sql), str(orders), merge_schema=True))
+
+    append(0, "SELECT 1L id")
+    sparkside.register(spark)
+    pipeline = f"orders-reader-{lake.name}"
+    seen: list[tuple] = []
+
+    def start(**options: str) -> StreamingQuery:
+        stream = percolake_stream(spark, topo_daemon, pipeline, orders) if not options else (
+            spark.readStream.format("percolake").option("coordinator", topo_daemon.target)
+            .option("pipeline", pipeline).options(**options).load(str(orders)))
+        participant = Participant(topo_daemon.target, pipeline)
+        return (stream.writeStream.foreachBatch(participant.wrap(
+            lambda df, batch_id, txn: seen.extend(tuple(r) for r in df.collect())))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="0 seconds").start())
+
+    def running_until(query: StreamingQuery, row: tuple) -> None:
+        deadline = time.monotonic() + 120
+        while row not in seen:
+            assert query.isActive, query.exception()
+            assert time.monotonic() < deadline, "the query did not read the row in time"
+            time.sleep(0.2)
+
+    first = start()
+    running_until(first, (1,))
+    append(1, "SELECT 2L id, 'EUR' currency")
+    run_query(first, lambda: False, timeout_s=120)  # it stops by itself
+    refused = str(first.exception())
+    assert "UpstreamSchemaChanged" in refused and "['currency']" in refused
+    assert "Restart the query" in refused and '.option("new_columns", "ignore")' in refused
+
+    second = start(new_columns="ignore")  # restarted: the schema now has currency
+    running_until(second, (2, "EUR"))
+    append(2, "SELECT 3L id, 'USD' currency, 'late' note")
+    running_until(second, (3, "USD"))
+    run_query(second, lambda: True)
+    assert second.exception() is None
+    assert seen == [(1,), (2, "EUR"), (3, "USD")]
+    root.close()

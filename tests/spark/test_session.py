@@ -198,6 +198,17 @@ participant.run_batch(spark.range(1), 0,
 participant.close()
 print("pythonExec", spark.sparkContext.pythonExec)
 spark.stop()
+# a session the user built without configure_spark, the participant imported before it
+import os
+os.environ.pop("PYSPARK_PYTHON", None)
+plain = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+print("plain before", plain.sparkContext.pythonExec)
+participant = Participant(target, pipeline_id="executor-python-plain")
+participant.run_batch(plain.range(1), 0,
+                      lambda df, batch_id, txn: txn.write(plain.range(5, 8), table + "-plain"))
+participant.close()
+print("plain pythonExec", plain.sparkContext.pythonExec)
+plain.stop()
 """
 
 
@@ -218,9 +229,13 @@ def test_executors_run_the_driver_python_when_python3_on_path_lacks_pyarrow(
     finally:
         daemon.stop()
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"pythonExec {sys.executable}" in done.stdout
+    assert f"pythonExec {sys.executable}\n" in done.stdout.splitlines(keepends=True)
     rows = read_delta_table(f"{root}/numbers").column("id").to_pylist()
     assert sorted(rows) == list(range(5))
+    assert "plain before python3\n" in done.stdout  # PySpark's default: python3 from PATH
+    assert f"plain pythonExec {sys.executable}" in done.stdout
+    rows = read_delta_table(f"{root}/numbers-plain").column("id").to_pylist()
+    assert sorted(rows) == [5, 6, 7]
 
 
 def test_the_first_fetch_is_announced_once_and_later_runs_say_nothing(

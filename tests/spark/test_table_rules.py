@@ -163,7 +163,40 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
     with pytest.raises(UnknownTable, match=f"{database}.missing"):
         participant.run_batch(spark.range(1), 1, lambda df, batch_id, txn: txn.write(
             spark.range(1), f"{database}.missing"))
+    with pytest.raises(UnknownTable, match=f"{database}.missing"):
+        ConsistentReader(spark, lake_daemon.target).snapshot([f"{database}.missing"])
+
+    # the row-level interface: both spellings name the one table (one commit of both)
+    def row_level(df, batch_id, txn):  # noqa: ANN001, ANN202
+        txn.delta_table(f"{database}.orders").delete("id = 0")
+        txn.delta_table(f"spark_catalog.{database}.orders").update("id = 3", {"id": "30"})
+        with pytest.raises(UnknownTable, match=f"{database}.missing"):
+            txn.delta_table(f"{database}.missing").delete("id = 1")
+
+    participant.run_batch(spark.range(1), 1, row_level)
+    assert sorted(r.id for r in spark.table(f"{database}.orders").collect()) == [1, 2, 30]
+    assert DeltaTable(str(lake / "orders")).version() == 2  # CREATE, batch 0, this batch
     participant.close()
+
+    # txn.read by name, in another pipeline (reading its own table would be a cycle); such a
+    # pipeline commits only batches its percolake source planned, so this one stops after reading
+    counted: list[int] = []
+
+    class ReadDone(Exception):
+        pass
+
+    def read_batch(df, batch_id, txn):  # noqa: ANN001, ANN202
+        counted.append(txn.read(f"spark_catalog.{database}.orders").count())
+        with pytest.raises(UnknownTable, match=f"{database}.missing"):
+            txn.read(f"{database}.missing")
+        raise ReadDone
+
+    reader = Participant(lake_daemon.target, pipeline_id=f"names-read-{uuid.uuid4().hex[:6]}")
+    with pytest.raises(ReadDone):
+        reader.run_batch(spark.range(1), 0, read_batch)
+    assert counted in ([4], [3])  # the table at the latest completed barrier: before or after
+    # the row-level batch (barriers are 5 s apart)
+    reader.close()
 
     # the streaming source's load: the name is resolved on the driver, as txn.write's (the
     # source's planner reads the schema from the location it is given: a name fails there)
