@@ -260,7 +260,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 _lost_race_pause(write.table, txn_id, attempt)
                 continue
-            own_entry = needs_own_entry(layout.protocol)  # delta-rs commits nothing to it
+            # an append is ours on every table: delta-rs's commit rebuilds every file's state
+            own_entry = needs_own_entry(layout.protocol) or write.mode == WriteMode.APPEND
             mode, actions, filters = _write_actions(table, write, layout, explicit=own_entry)
             evolved = evolved_schema(table, write)
             if evolved is not None or own_entry:  # a commit delta-rs cannot make: ours
