@@ -16,6 +16,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import AddAction
 
+from percolake.lake import delta_commit, kept_table
 from percolake.lake.delta_commit import apply_table_write, commit_file, open_table
 from percolake.lake.table_cache import TableCache
 from percolake.records import WriteMode
@@ -129,3 +130,37 @@ def test_an_append_entry_carries_what_delta_rs_committed_for_it(tmp_path):
     assert shape(entry(ours, 1)) == shape(entry(theirs, 1))
     assert sorted(DeltaTable(str(ours)).to_pyarrow_table().to_pylist(), key=str) == \
         sorted(DeltaTable(str(theirs)).to_pyarrow_table().to_pylist(), key=str)
+
+
+def test_an_overwrite_after_log_cleanup_still_reads_every_file(root):
+    """Appends leave delta-rs's state at the version first loaded; the entries after it
+    cleaned up since (a checkpoint covers them), an overwrite still removes every file."""
+    make_table(root)
+    cache = TableCache()
+    apply(root, cache, 1)  # delta-rs's state: version 1
+    assert [apply(root, cache, batch) for batch in (2, 3, 4)] == [2, 3, 4]
+    DeltaTable(str(root)).create_checkpoint()
+    for version in range(4):  # what log cleanup leaves: the checkpoint and what follows it
+        commit_file(f"file://{root}", version).unlink()
+    assert apply(root, cache, 5, WriteMode.OVERWRITE) == 5
+    assert [r["x"] for r in rows(root)] == [5]
+    assert apply(root, cache, 6) == 6
+    assert [r["x"] for r in rows(root)] == [5, 6]
+
+
+def test_a_kept_table_far_behind_is_loaded_anew_not_replayed(root, monkeypatch):
+    make_table(root)
+    cache = TableCache()
+    loads: list[str] = []
+    monkeypatch.setattr(delta_commit, "open_table", lambda uri: loads.append(uri) or
+                        open_table(uri))
+    monkeypatch.setattr(kept_table, "MAX_REPLAY", 3)
+    assert [apply(root, cache, batch) for batch in (1, 2, 3)] == [1, 2, 3]  # delta-rs at 0
+    assert loads == [f"file://{root}"]
+    loads.clear()
+    assert apply(root, cache, 4, WriteMode.OVERWRITE) == 4  # 3 behind: replayed
+    assert loads == []
+    assert [apply(root, cache, batch) for batch in (5, 6, 7, 8)] == [5, 6, 7, 8]
+    assert apply(root, cache, 9, WriteMode.OVERWRITE) == 9  # 4 or more behind: loaded anew
+    assert loads == [f"file://{root}"]
+    assert [r["x"] for r in rows(root)] == [9]

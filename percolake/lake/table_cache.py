@@ -234,7 +234,7 @@ class DeltaTables:
             return advanced
         delta = open_table(table)
         self.loads += delta is not None
-        return None if delta is None else KeptTable(table, delta, self.entries)
+        return None if delta is None else KeptTable(table, delta, self.entries, open_table)
 
     def keep(self, table: str, kept: KeptTable) -> None:
         """Keeps ``kept`` for the next ``take``, with the identity of the entry of the
