@@ -253,15 +253,15 @@ class DeltaTables:
                 self._tables.popitem(last=False)
 
     def _advanced(self, table: str, kept: tuple[KeptTable, int, FileId]) -> KeptTable | None:
-        delta, version, file_id = kept
+        held, version, file_id = kept
         try:
             if self.entries.file_id(table, version) != file_id:
                 return None  # the log was replaced under it: load it again
-            delta.update_incremental()
+            held.update_incremental()
         except (DeltaError, OSError):
             return None
         self.advances += 1
-        return delta
+        return held
 
 
 class TableCache:
