@@ -339,9 +339,10 @@ def test_a_driver_killed_around_a_merges_delta_commit_applies_it_exactly_once(da
 def test_a_merge_schema_roll_forward_crashing_around_its_log_entry_lands_exactly_once(
         tmp_path, failpoint):
     """The coordinator's roll-forward of a committed merge_schema write dies before or after
-    writing its own Delta log entry (data and new schema); restarted, it rolls the batch
-    forward: one version with the data and the new column, every table once."""
+    writing a Delta log entry of its own (every table's apply is one: appends); restarted, it
+    rolls the batch forward: one version with the data and the new column, every table once."""
     outcome = scenarios.merge_schema_entry_crash(tmp_path, failpoint)
     _assert_clean(outcome)
-    assert outcome.notes["entries_at_crash"] == (failpoint == "after-log-entry"), outcome.notes
+    assert (outcome.notes["entries_at_crash"] > 0) == (failpoint == "after-log-entry"), \
+        outcome.notes
     assert outcome.notes["entries"] == 1

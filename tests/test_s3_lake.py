@@ -160,8 +160,12 @@ def test_a_writer_outside_percolake_makes_our_commit_re_check_never_overwrite(
     assert rows(table) == [(1, "a"), (2, "a"), (100, "a")]
 
 
+@pytest.mark.parametrize("mode", [WriteMode.APPEND, WriteMode.OVERWRITE])
 def test_a_commit_that_keeps_losing_fails_after_bounded_retries(moto_server, table,
-                                                                monkeypatch):
+                                                                monkeypatch, mode):
+    """An append's own log entry finds the version taken at every conditional put; an
+    overwrite's delta-rs commit fails as concurrent every time: both give up after
+    MAX_ATTEMPTS, with nothing written."""
     from deltalake.exceptions import CommitFailedError
 
     apply(write_of(table, [upload(moto_server, table, "t1", [1])]), "t1", 0)
@@ -180,8 +184,10 @@ def test_a_commit_that_keeps_losing_fails_after_bounded_retries(moto_server, tab
     real_open = delta_commit.open_table
     monkeypatch.setattr(delta_commit, "open_table", lambda uri, version=None: Loses(
         real_open(uri, version)))
+    monkeypatch.setattr(storage, "put_object_if_absent", lambda uri, data: False)
     with pytest.raises(ApplyFailed):
-        apply(write_of(table, [upload(moto_server, table, "t2", [2])]), "t2", 1)
+        apply(write_of(table, [upload(moto_server, table, "t2", [2])], mode), "t2", 1)
+    assert storage.read_object(commit_uri(table, 1)) is None
 
 
 # ---------------------------------------------------------------- the pre-commit check

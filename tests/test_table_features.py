@@ -8,6 +8,7 @@ module ``tests/spark/test_delta_features.py`` does the same with tables delta-sp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -125,15 +126,17 @@ def test_apply_refuses_loudly_once_when_the_protocol_changed_after_the_check(tab
 
 def test_a_delta_rs_feature_refusal_is_not_retried_as_a_concurrent_commit(table, monkeypatch):
     """Should percolake's own table miss a feature delta-rs refuses, the apply's delta-rs error
-    ("Unsupported table features required") fails it at once, loudly, not after 20 retries."""
+    ("Unsupported table features required") fails it at once, loudly, not after 20 retries.
+    An overwrite: delta-rs commits it (an append is a log entry of percolake's own, which
+    honours what ``FEATURES`` says and nothing else)."""
     upgrade(table, "inCommitTimestamp")
     monkeypatch.setattr(delta_commit, "refusal", lambda *args, **kwargs: None)
     attempts = []
     real_sleep = time.sleep
     monkeypatch.setattr(delta_commit.time, "sleep", lambda s: attempts.append(s) or real_sleep(0))
+    overwrite = dataclasses.replace(append_of(table), mode=WriteMode.OVERWRITE)
     try:
-        apply_table_write(append_of(table), app_id="p-0", app_version=0, txn_id="t1",
-                          commit_ts=5)
+        apply_table_write(overwrite, app_id="p-0", app_version=0, txn_id="t1", commit_ts=5)
     except ApplyFailed:
         pytest.fail("a protocol refusal was retried as a concurrent commit")
     except ApplyRefused as refused:

@@ -1,4 +1,13 @@
-"""Applying a committed write to its Delta table with delta-rs: the protocol's secondaries.
+"""Applying a committed write to its Delta table: the protocol's secondaries.
+
+An append is a log entry percolake writes itself (``percolake.lake.log_entry``: the same
+commitInfo, app transaction and adds delta-rs's commit wrote), on every table: delta-rs's
+commit rebuilds the state of every live file of the table, so its cost grows with the table's
+age, while an append needs only the version, the app transactions and the layout, which a kept
+table (``percolake.lake.kept_table``) advances by reading the entries written since. An
+overwrite, whose removes name the live files, is committed by delta-rs (or by an entry of ours
+where delta-rs commits nothing: ``needs_own_entry``, ``merge_schema``), as are row-level writes
+by an entry of ours (``row_level_entry``).
 
 Used by the participant right after the commit and by the coordinator's roll-forward, possibly
 at the same time: every apply first reads the table's Delta app transaction version for the
@@ -6,9 +15,10 @@ pipeline generation and skips a write that is already there, and commits with no
 retry, so a concurrent apply makes ours fail and re-check instead of writing twice. No JVM here.
 
 Object-store tables (``s3://``) are committed the same way, with the storage options of
-``percolake.lake.storage``: delta-rs writes the next log entry with a conditional put
-(``conditional_put=etag``), so any other writer's commit of that version, percolake's or not,
-makes ours fail and re-check; a log entry is never overwritten and no lock service is needed.
+``percolake.lake.storage``: percolake and delta-rs write the next log entry with a conditional
+put (``If-None-Match: *``; delta-rs's ``conditional_put=etag``), so any other writer's commit of
+that version, percolake's or not, makes ours fail and re-check; a log entry is never
+overwritten and no lock service is needed.
 Their log entries are read through the object store (one GET each), never listed in full.
 """
 
@@ -266,7 +276,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                     return _version_of(table, txn_id, app_id, app_version, write.table)
                 _lost_race_pause(write.table, txn_id, attempt)
                 continue
-            own_entry = needs_own_entry(layout.protocol)  # delta-rs commits nothing to it
+            # an append is ours on every table: delta-rs's commit rebuilds every file's state
+            own_entry = needs_own_entry(layout.protocol) or write.mode == WriteMode.APPEND
             mode, actions, filters = _write_actions(table, write, layout, explicit=own_entry)
             evolved = evolved_schema(table, write)
             if evolved is not None or own_entry:  # a commit delta-rs cannot make: ours

@@ -1,6 +1,8 @@
-"""A Delta commit written as its log entry, for the commits delta-rs cannot make: data files
-together with a ``metaData`` action (schema evolution; delta-rs's ``create_write_transaction``
-changes the metadata only in overwrite mode, where it also removes files of its own choosing),
+"""A Delta commit written as its log entry: every append (delta-rs's commit rebuilds the state
+of every live file, so its cost grows with the table: ``percolake.lake.kept_table``), and the
+commits delta-rs cannot make: data files together with a ``metaData`` action (schema
+evolution; delta-rs's ``create_write_transaction`` changes the metadata only in overwrite mode,
+where it also removes files of its own choosing),
 and row-level writes (delta-rs names every commit of pre-written files ``WRITE``, writes
 ``dataChange=true`` and cannot put a deletion vector on a remove), which must read in
 ``DESCRIBE HISTORY`` as delta-spark's own MERGE, UPDATE, DELETE or OPTIMIZE.

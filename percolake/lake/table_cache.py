@@ -10,16 +10,18 @@ Two caches, both safe to share between threads:
   another identity and is read again, so a cached summary is never taken for another entry.
   An object-store entry is read with one GET each time (objects have no cheap identity) and
   only its summary is reused (by content hash).
-- ``DeltaTables``: one delta-rs ``DeltaTable`` per table, moved to the newest version with
-  ``update_incremental`` (which reads only the log entries written since) instead of loading
-  the log again from its last checkpoint. A cached table is used only while the log entry of
-  the version it holds is still the one it was loaded from (checked as above); otherwise it is
-  loaded again. A table is used by one caller at a time (``take``, then ``keep``).
+- ``DeltaTables``: one delta-rs table per table (``KeptTable``), moved to the newest version
+  by reading the log entries written since (``percolake.lake.kept_table``: delta-rs rebuilds
+  its files' state only when a write needs the live files or an entry changes the layout)
+  instead of loading the log again from its last checkpoint. A cached table is used only while
+  the log entry of the version it holds is still the one it was loaded from (checked as
+  above); otherwise it is loaded again. A table is used by one caller at a time (``take``,
+  then ``keep``).
 
 Outside writers: nothing here assumes percolake wrote the log. ``LogEntries.entry`` reports
 whatever file is at a version now; a caller that walks versions upwards until one is missing
 (``percolake.lake.write_check.LayoutCache``) sees every commit made by anyone, and
-``update_incremental`` reads every entry after the version held.
+``KeptTable.update_incremental`` reads every entry after the version held.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from percolake.lake import storage
+from percolake.lake.kept_table import KeptTable
 from percolake.lake.warehouse import is_object_store, local_path
 
 TXN_ID_KEY = "percolake.txn_id"  # as percolake.lake.delta_commit writes it in commitInfo
@@ -213,51 +216,52 @@ class DeltaTables:
 
     def __init__(self, entries: LogEntries, max_tables: int = MAX_TABLES) -> None:
         self.entries = entries
-        self._tables: OrderedDict[str, tuple[DeltaTable, int, FileId]] = OrderedDict()
+        self._tables: OrderedDict[str, tuple[KeptTable, int, FileId]] = OrderedDict()
         self._max = max_tables
         self._lock = threading.Lock()
         self.loads = 0  # full loads of a log (for tests and benchmarks)
-        self.advances = 0  # update_incremental of a kept table
+        self.advances = 0  # kept tables moved to the newest version
 
     def take(self, table: str, open_table: Callable[[str], DeltaTable | None]
-             ) -> DeltaTable | None:
+             ) -> KeptTable | None:
         """The table at its newest version (None if it has no log), for this caller alone:
         a kept one advanced, else ``open_table(table)``. Hand it back with ``keep`` when done
         (not after an error that may have left it half-updated: it is then loaded again)."""
         with self._lock:
             kept = self._tables.pop(table, None)
-        delta = self._advanced(table, kept) if kept is not None else None
-        if delta is None:
-            delta = open_table(table)
-            self.loads += delta is not None
-        return delta
+        advanced = self._advanced(table, kept) if kept is not None else None
+        if advanced is not None:
+            return advanced
+        delta = open_table(table)
+        self.loads += delta is not None
+        return None if delta is None else KeptTable(table, delta, self.entries, open_table)
 
-    def keep(self, table: str, delta: DeltaTable) -> None:
-        """Keeps ``delta`` for the next ``take``, with the identity of the entry of the
+    def keep(self, table: str, kept: KeptTable) -> None:
+        """Keeps ``kept`` for the next ``take``, with the identity of the entry of the
         version it holds."""
         try:
-            version = delta.version()
+            version = kept.version()
             file_id = self.entries.file_id(table, version)
         except (DeltaError, OSError):
             return
         if file_id is None:
             return
         with self._lock:
-            self._tables[table] = (delta, version, file_id)
+            self._tables[table] = (kept, version, file_id)
             self._tables.move_to_end(table)
             while len(self._tables) > self._max:
                 self._tables.popitem(last=False)
 
-    def _advanced(self, table: str, kept: tuple[DeltaTable, int, FileId]) -> DeltaTable | None:
-        delta, version, file_id = kept
+    def _advanced(self, table: str, kept: tuple[KeptTable, int, FileId]) -> KeptTable | None:
+        held, version, file_id = kept
         try:
             if self.entries.file_id(table, version) != file_id:
                 return None  # the log was replaced under it: load it again
-            delta.update_incremental()
+            held.update_incremental()
         except (DeltaError, OSError):
             return None
         self.advances += 1
-        return delta
+        return held
 
 
 class TableCache:

@@ -4,8 +4,9 @@ others before the commit point (I10).
 A Delta table lists the features its readers and writers must implement in its ``protocol``
 action (``readerFeatures``/``writerFeatures`` at reader 3 / writer 7; older tables imply them
 by version). A table is written by the participant's executors (its files) and committed by
-delta-rs (``apply_table_write``), or by a log entry of percolake's own where delta-rs commits
-nothing (``OWN_ENTRY_FEATURES``); a feature neither implements would make the apply fail after
+a log entry of percolake's own (``apply_table_write``: every append, and every write to a
+table with one of ``OWN_ENTRY_FEATURES``, to which delta-rs commits nothing) or by delta-rs
+(overwrites); a feature neither implements would make the apply fail after
 COMMITTED (delta-rs 1.6: "Unsupported table features required"), or commit data that breaks
 the feature's rules. So the participant refuses such a table when ``txn.write`` names it, before
 anything is declared or written, and the coordinator again under the table hold, before the

@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from percolake.lake.arrow_read import read_delta_table
+from percolake.lake.log_entry import ENGINE
 from percolake.lake.warehouse import canonical_table_uri, local_path
 from percolake.records import delta_app_id
 from sparkside import ConsistentReader, Participant
@@ -137,9 +138,10 @@ def test_stats_let_delta_spark_skip_files(spark, written):
 
 def test_describe_history_shows_each_commit_and_delta_spark_sees_the_app_transaction(
         spark, written):
-    """Every Delta version is one percolake commit: DESCRIBE HISTORY lists it (made by
-    delta-rs), and delta-spark's snapshot at that version holds the pipeline's app transaction
-    (``txn`` action: app id ``percolake:<pipeline>:g<generation>``, version = batch id), and its
+    """Every Delta version is one percolake commit: DESCRIBE HISTORY lists it (an append as a
+    log entry of percolake's own, the table's creation and overwrites made by delta-rs), and
+    delta-spark's snapshot at that version holds the pipeline's app transaction (``txn``
+    action: app id ``percolake:<pipeline>:g<generation>``, version = batch id), and its
     ``userMetadata`` names the percolake transaction and commit_ts."""
     commits = committed_batches(written.stub, written.pipeline)
     app_id = delta_app_id(written.pipeline, 0)
@@ -153,7 +155,9 @@ def test_describe_history_shows_each_commit_and_delta_spark_sees_the_app_transac
         txn_ids = {c["version"]: c["percolake.txn_id"] for c in DeltaTable(str(table)).history()}
         for batch, version in version_of_batch.items():
             row = history[version]
-            assert row.engineInfo.startswith("delta-rs"), row
+            appended = table == written.events and batch in (1, 2, 3)  # percolake's entry
+            assert row.engineInfo == ENGINE if appended else \
+                row.engineInfo.startswith("delta-rs"), row
             assert row.operation == ("CREATE TABLE" if version == 0 else "WRITE"), row
             assert app_transactions(spark, table, version) == {app_id: batch}, (table, version)
             assert txn_ids[version] == commits[batch].txn_id  # as deltalake reads the log
