@@ -123,9 +123,11 @@ def _checkpoint_forever(table: str, version: int, ready) -> None:  # noqa: ANN00
     dt = DeltaTable(table, version=version)
     ready.set()
     while True:
+        # the hint goes first: a kill between the two never leaves a hint naming a deleted
+        # checkpoint, a state no checkpoint writer makes (writers only add files)
+        (log / "_last_checkpoint").unlink(missing_ok=True)
         for path in log.glob(f"{version:020d}.checkpoint*"):
             path.unlink()
-        (log / "_last_checkpoint").unlink(missing_ok=True)
         dt.create_checkpoint()
 
 
