@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from coordinator.validation import check_table_write
 from percolake import codec
@@ -38,6 +38,7 @@ from sparkside.errors import UnknownTable, UpstreamSchemaChanged
 from sparkside.source import SourceOptions
 from sparkside.source_files import FilePartition, read_file
 from sparkside.table_rules import not_null_paths, referenced_columns, table_rules
+from tests.lake_support import one_file_write
 
 APP = "percolake:p:g0"
 
@@ -110,15 +111,8 @@ def table(tmp_path: Path) -> Path:
 
 def new_column_write(root: Path, txn: str = "txn-1", merge: bool = True,
                      mode: WriteMode = WriteMode.APPEND) -> TableWriteRecord:
-    folder = root / "_percolake" / txn
-    folder.mkdir(parents=True, exist_ok=True)
-    data = pa.table({"id": pa.array([2], pa.int64()), "currency": pa.array(["EUR"])})
-    path = folder / "part-0.parquet"
-    pq.write_table(data, path)
-    add = AddFileRecord(path.relative_to(root).as_posix(), path.stat().st_size, {}, 0,
-                        json.dumps({"numRecords": 1}))
-    return TableWriteRecord(f"file://{root}", mode, (add,),
-                            Schema.from_arrow(data.schema).to_json(), (), (), merge)
+    return one_file_write(root, txn, pa.table({"id": pa.array([2], pa.int64()),
+                                               "currency": pa.array(["EUR"])}), merge, mode)
 
 
 def test_the_check_refuses_new_columns_naming_the_option_and_passes_them_with_it(table):

@@ -15,9 +15,8 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from percolake.errors import FailedPrecondition
 from percolake.lake.delta_commit import apply_table_write, describe_schema_mismatch
@@ -29,8 +28,9 @@ from percolake.lake.schema_evolution import (
 )
 from percolake.lake.table_features import refusal, table_protocol
 from percolake.lake.write_check import WriteChecker
-from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.records import TableWriteRecord, WriteMode
 from sparkside.schema_check import SchemaChecker
+from tests.lake_support import one_file_write
 
 APP = "percolake:p:g0"
 
@@ -171,15 +171,8 @@ def widening_table(root: Path, enabled: bool = True) -> Path:
 
 def long_write(root: Path, txn: str, merge: bool = True,
                mode: WriteMode = WriteMode.APPEND) -> TableWriteRecord:
-    folder = root / "_percolake" / txn
-    folder.mkdir(parents=True, exist_ok=True)
-    data = pa.table({"x": pa.array([2**40], pa.int64())})
-    path = folder / "part-0.parquet"
-    pq.write_table(data, path)
-    add = AddFileRecord(path.relative_to(root).as_posix(), path.stat().st_size, {}, 0,
-                        json.dumps({"numRecords": 1}))
-    return TableWriteRecord(f"file://{root}", mode, (add,),
-                            Schema.from_arrow(data.schema).to_json(), (), (), merge)
+    return one_file_write(root, txn, pa.table({"x": pa.array([2**40], pa.int64())}), merge,
+                          mode)
 
 
 def entry(root: Path, version: int) -> list[dict]:
