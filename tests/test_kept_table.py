@@ -164,3 +164,32 @@ def test_a_kept_table_far_behind_is_loaded_anew_not_replayed(root, monkeypatch):
     assert apply(root, cache, 9, WriteMode.OVERWRITE) == 9  # 4 or more behind: loaded anew
     assert loads == [f"file://{root}"]
     assert [r["x"] for r in rows(root)] == [9]
+
+
+def test_an_overwrite_applied_by_another_applier_after_the_check_is_not_applied_twice(
+        root, monkeypatch):
+    """The kept table's check (is this batch applied?) is made at the version it holds; the
+    overwrite's delta-rs commit must be made against that version too, so that another
+    applier's commit of the same batch in between is a lost race, not a second commit."""
+    make_table(root)
+    cache = TableCache()
+    apply(root, cache, 1)
+    write = intent(root, [data_file(root, "t2", longs(2))], mode=WriteMode.OVERWRITE)
+    real = kept_table.KeptTable.get_add_actions
+    raced: list[int] = []
+
+    def other_applier_first(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        if not raced:  # the same batch applied elsewhere (no kept table) after the check
+            raced.append(apply_table_write(write, app_id="app", app_version=2, txn_id="t2",
+                                           commit_ts=2))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(kept_table.KeptTable, "get_add_actions", other_applier_first)
+    version = apply_table_write(write, app_id="app", app_version=2, txn_id="t2", commit_ts=2,
+                                tables=cache.tables)
+    assert version == raced[0]
+    latest = DeltaTable(str(root)).version()
+    naming = [v for v in range(latest + 1)
+              if any(a.get("commitInfo", {}).get(delta_commit.TXN_ID_KEY) == "t2"
+                     for a in entry(root, v))]
+    assert naming == [version]
