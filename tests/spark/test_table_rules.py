@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from coordinator.views import txn_json
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant, register
-from sparkside.errors import ConstraintViolation, SchemaMismatch, UnknownTable
+from sparkside.errors import ConstraintViolation, SchemaMismatch, TableNotWritten, UnknownTable
 from tests.spark.helpers import transactions
 
 pytestmark = pytest.mark.spark
@@ -192,8 +193,15 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
         raise ReadDone
 
     reader = Participant(lake_daemon.target, pipeline_id=f"names-read-{uuid.uuid4().hex[:6]}")
-    with pytest.raises(ReadDone):
-        reader.run_batch(spark.range(1), 0, read_batch)
+    deadline = time.monotonic() + 30
+    while True:  # until a barrier has completed since batch 0's commit
+        try:
+            with pytest.raises(ReadDone):
+                reader.run_batch(spark.range(1), 0, read_batch)
+            break
+        except TableNotWritten:
+            assert time.monotonic() < deadline, "no input barrier completed in 30 s"
+            time.sleep(1)
     assert counted in ([4], [3])  # the table at the latest completed barrier: before or after
     # the row-level batch (barriers are 5 s apart)
     reader.close()
