@@ -67,15 +67,16 @@ class KeptTable:
         """The delta-rs table with the state of every file, at the newest version. Far behind
         (appends only for a while) it is loaded again, from the newest checkpoint, rather than
         replaying every entry since (250 ms for 3,000 entries, against 15 ms)."""
-        if self._version - self._delta.version() > MAX_REPLAY:
-            self._reload()
-        else:
-            self._delta.update_incremental()
+        self._delta_forward()
         self._version = self._delta.version()
         self._apps.clear()
         return self._delta
 
-    def _reload(self) -> None:
+    def _delta_forward(self) -> None:
+        """delta-rs's table to its newest version: replayed, or loaded anew when far behind."""
+        if self._version - self._delta.version() <= MAX_REPLAY:
+            self._delta.update_incremental()
+            return
         delta = self._load(self.table)
         if delta is None:
             raise DeltaError(f"table {self.table} has no Delta log any more")
@@ -97,10 +98,7 @@ class KeptTable:
     # one made against the version held loses the race and the caller checks again.
     def _at_version_held(self) -> DeltaTable:
         if self._delta.version() != self._version:
-            if self._version - self._delta.version() > MAX_REPLAY:
-                self._reload()
-            else:
-                self._delta.update_incremental()
+            self._delta_forward()
             if self._delta.version() != self._version:  # moved past it: back to it
                 self._delta.load_as_version(self._version)
             self._apps.clear()
