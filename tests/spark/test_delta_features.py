@@ -40,6 +40,13 @@ REFUSED = {
     "icebergCompatV2": ("id BIGINT, name STRING", "'delta.columnMapping.mode'='name', "
                         "'delta.enableIcebergCompatV2'='true'"),
     "variantType": ("id BIGINT, name STRING, v VARIANT", ""),
+    # delta-spark 4.4.0 still creates tables with these older features when asked by name
+    "icebergCompatV1": ("id BIGINT, name STRING", "'delta.columnMapping.mode'='name', "
+                        "'delta.enableIcebergCompatV1'='true'"),
+    "typeWidening-preview": ("id BIGINT, name STRING",
+                             "'delta.feature.typeWidening-preview'='supported'"),
+    "variantType-preview": ("id BIGINT, name STRING",
+                            "'delta.feature.variantType-preview'='supported'"),
 }
 
 
