@@ -19,6 +19,7 @@ from deltalake import write_deltalake
 
 from percolake.errors import FailedPrecondition
 from percolake.lake import delta_commit
+from percolake.lake.checkpoints import PROTECTED_BEFORE_KEY, write_checkpoint
 from percolake.lake.delta_commit import ApplyFailed, ApplyRefused, apply_table_write
 from percolake.lake.table_features import (
     FEATURES,
@@ -228,3 +229,59 @@ def test_object_store_files_carry_the_field_ids_of_every_nested_field(tmp_path):
     assert arrow.field("col-3").metadata[b"PARQUET:field_id"] == b"3"
     assert arrow.field("col-2").type.value_type.field(0).metadata[b"PARQUET:field_id"] == b"4"
     assert arrow.field("col-3").type.item_type.field(0).metadata[b"PARQUET:field_id"] == b"4"
+
+
+@pytest.mark.parametrize(("feature", "what_percolake_does_not_do", "what_to_do"), [
+    ("inCommitTimestamp", "percolake's own log entries carry no in-commit timestamp",
+     "DROP FEATURE inCommitTimestamp)"),
+    ("allowColumnDefaults", "percolake does not write a column's DEFAULT value",
+     "re-create it without column defaults (delta-spark cannot drop this feature"),
+])
+def test_a_refusal_says_what_percolake_does_not_do_and_what_can_be_done(
+        table, feature, what_percolake_does_not_do, what_to_do):
+    """Appends are percolake's own log entries: a refusal blames what percolake lacks, not
+    only delta-rs (which commits overwrites), and offers what delta-spark 4.4.0 allows."""
+    upgrade(table, feature)
+    with pytest.raises(FailedPrecondition) as refused:
+        WriteChecker().check(append_of(table))
+    assert what_percolake_does_not_do in str(refused.value)
+    assert what_to_do in str(refused.value)
+
+
+@pytest.mark.parametrize("feature", ["checkpointProtection", "typeWidening",
+                                     "vacuumProtocolCheck"])
+def test_an_overwrite_of_a_table_delta_rs_cannot_commit_to_is_our_own_log_entry(
+        table, feature):
+    """delta-rs 1.6 commits nothing to these tables: the overwrite is a log entry percolake
+    writes itself, removing the table's files explicitly."""
+    upgrade(table, feature)
+    old = {json.loads(line)["add"]["path"] for line in
+           (table / "_delta_log" / f"{0:020d}.json").read_text().splitlines() if '"add"' in line}
+    overwrite = dataclasses.replace(append_of(table), mode=WriteMode.OVERWRITE)
+    WriteChecker().check(overwrite)
+    assert apply_table_write(overwrite, app_id="p-0", app_version=0, txn_id="t1",
+                             commit_ts=5) == 2
+    actions = [json.loads(line) for line in
+               (table / "_delta_log" / f"{2:020d}.json").read_text().splitlines()]
+    assert actions[0]["commitInfo"]["operationParameters"]["mode"] == "Overwrite"
+    assert {a["remove"]["path"] for a in actions if "remove" in a} == old
+    assert [a["add"]["path"] for a in actions if "add" in a] == \
+        [f.path for f in overwrite.add_files]
+
+
+def test_no_checkpoint_is_written_below_the_version_checkpoint_protection_requires(table):
+    """delta-spark's DROP FEATURE leaves ``checkpointProtection`` and
+    ``delta.requireCheckpointProtectionBeforeVersion``: no checkpoint below that version."""
+    log = table / "_delta_log"
+    metadata = next(json.loads(line)["metaData"] for line in
+                    (log / f"{0:020d}.json").read_text().splitlines() if '"metaData"' in line)
+    metadata["configuration"] = {PROTECTED_BEFORE_KEY: "1"}
+    actions = [{"commitInfo": {"operation": "DROP FEATURE"}}, {"metaData": metadata},
+               {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7,
+                             "writerFeatures": ["checkpointProtection"]}}]
+    (log / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    write_checkpoint(f"file://{table}", 0)
+    assert not list(log.glob("*.checkpoint.parquet"))
+    write_checkpoint(f"file://{table}", 1)
+    assert [p.name for p in log.glob("*.checkpoint.parquet")] == \
+        [f"{1:020d}.checkpoint.parquet"]
