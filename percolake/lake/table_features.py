@@ -84,10 +84,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
              "percolake does not assign row ids (baseRowId, the row-tracking high-water mark) "
              "and delta-rs cannot commit to such a table",
              RECREATE.replace("{what}", "delta.enableRowTracking")),
-    _refused("inCommitTimestamp", False,
-             "percolake's own log entries carry no in-commit timestamp (a commitInfo first in "
-             "each commit, its inCommitTimestamp above the previous commit's) and delta-rs, "
-             "which commits percolake's overwrites, cannot commit to such a table", DROP_IT),
+    Feature("inCommitTimestamp", False, True,
+            "every write is a log entry percolake writes itself (delta-rs cannot commit to "
+            "such a table), its commitInfo first with an inCommitTimestamp above the previous "
+            "commit's, as delta-spark writes it (percolake.lake.in_commit_timestamps)"),
     Feature("typeWidening", True, True,
             "every write is committed as a log entry percolake writes itself (delta-rs cannot "
             "commit to such a table); merge_schema widens a column as delta-spark's mergeSchema "
@@ -224,7 +224,8 @@ def partition_filters(write: TableWriteRecord) -> list[tuple[str, str, list[str]
 
 # Features delta-rs 1.6 commits nothing to ("Unsupported table features required") but whose
 # tables percolake writes: every apply to such a table is a log entry of percolake's own.
-OWN_ENTRY_FEATURES = ("typeWidening", "vacuumProtocolCheck", "checkpointProtection")
+OWN_ENTRY_FEATURES = ("typeWidening", "vacuumProtocolCheck", "checkpointProtection",
+                      "inCommitTimestamp")
 
 
 def needs_own_entry(protocol: TableProtocol) -> bool:

@@ -29,7 +29,6 @@ REFUSED = {
     "clustering": ("id BIGINT, name STRING", "CLUSTER BY (id)"),
     "rowTracking": ("id BIGINT, name STRING", "'delta.enableRowTracking'='true'"),
     "domainMetadata": ("id BIGINT, name STRING", "'delta.feature.domainMetadata'='supported'"),
-    "inCommitTimestamp": ("id BIGINT, name STRING", "'delta.enableInCommitTimestamps'='true'"),
     "v2Checkpoint": ("id BIGINT, name STRING", "'delta.checkpointPolicy'='v2'"),
     "allowColumnDefaults": ("id BIGINT, name STRING",
                             "'delta.feature.allowColumnDefaults'='supported'"),
@@ -100,16 +99,25 @@ def table_features(spark: SparkSession, path: Path) -> list[str]:
     return sorted(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0].tableFeatures)
 
 
-@pytest.mark.parametrize("feature", ["vacuumProtocolCheck", "checkpointProtection"])
+# feature -> the table properties that turn it on (checkpointProtection: see the test)
+OWN_ENTRY_TABLES = {
+    "vacuumProtocolCheck": "'delta.feature.vacuumProtocolCheck'='supported'",
+    "checkpointProtection": "'delta.feature.vacuumProtocolCheck'='supported'",
+    "inCommitTimestamp": "'delta.enableInCommitTimestamps'='true'",
+}
+
+
+@pytest.mark.parametrize("feature", sorted(OWN_ENTRY_TABLES))
 def test_a_table_whose_feature_our_log_entries_honour_is_written_as_delta_spark_writes_it(
         spark, lake_daemon, lake, feature):
     """delta-rs commits nothing to these tables; percolake's own log entries do, an append
     then an overwrite, each equal to delta-spark's own write to a copy. The
     checkpointProtection table is as delta-spark 4.4.0's DROP FEATURE vacuumProtocolCheck
-    leaves it (protected checkpoints, delta.requireCheckpointProtectionBeforeVersion)."""
+    leaves it (protected checkpoints, delta.requireCheckpointProtectionBeforeVersion). With
+    in-commit timestamps, every commit's commitInfo comes first with one, increasing, and is
+    the version's time for delta-spark, which commits on top of ours."""
     path = lake / feature
-    create(spark, path, "id BIGINT, name STRING",
-           "'delta.feature.vacuumProtocolCheck'='supported'")
+    create(spark, path, "id BIGINT, name STRING", OWN_ENTRY_TABLES[feature])
     spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 'a')")
     if feature == "checkpointProtection":
         spark.sql(f"ALTER TABLE delta.`{path}` DROP FEATURE vacuumProtocolCheck")
@@ -131,6 +139,15 @@ def test_a_table_whose_feature_our_log_entries_honour_is_written_as_delta_spark_
 
     assert last_operation(path) == last_operation(copy) == ("WRITE", "Overwrite")
     assert table_features(spark, path) == table_features(spark, copy)
+    if feature == "inCommitTimestamp":
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES (5, 'e')")  # delta-spark after ours
+        assert rows(spark, path) == [(4, "d"), (5, "e")]
+        stamps = [json.loads((path / "_delta_log" / name).read_text().splitlines()[0])
+                  ["commitInfo"]["inCommitTimestamp"] for name in versions(path)]
+        assert stamps == sorted(set(stamps)) and len(stamps) == 5  # strictly increasing
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`") \
+            .selectExpr("version", "unix_millis(timestamp) AS ms").collect()
+        assert sorted((r.version, r.ms) for r in history) == list(enumerate(stamps))
 
 
 def copy_of(path: Path) -> Path:
