@@ -25,11 +25,13 @@ from coordinator.store import SqliteStore
 from percolake.errors import FailedPrecondition
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.table_features import FEATURES
 from percolake.lake.vacuum import TableVacuum
 from percolake.lake.warehouse import UnsafeLocation, local_path
 from percolake.records import AddFileRecord, TableWriteRecord, TxnRecord, WriteMode
 from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import apply_all, canonical, table_write, unique, wait_for
+from tests.test_table_features import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
@@ -438,3 +440,19 @@ def test_live_leases_per_principal_are_capped(lake, tmp_path):
     finally:
         capped.close()
         capped.store.close()
+
+
+def test_vacuum_refuses_a_table_with_a_feature_percolake_cannot_write(core, lake):
+    """A vacuum deletes files only of tables whose every feature percolake implements (what
+    ``vacuumProtocolCheck`` requires of a vacuum); a table with that feature is vacuumed."""
+    table, _, old, _ = overwritten_table(core, lake)
+    name = core.resolve_table(str(table))
+    prune_far_ahead(core)
+    upgrade(table, "v2Checkpoint")  # by an outside writer: sidecars percolake cannot see
+    with pytest.raises(FailedPrecondition, match="vacuum of .* refused, nothing was removed.*"
+                       "VACUUM it with delta-spark.*'v2Checkpoint'") as refused:
+        core.vacuum(name, retention_hours=0)
+    assert FEATURES["v2Checkpoint"].how in str(refused.value)
+    assert (Path(local_path(name)) / old).exists()
+    upgrade(table, "vacuumProtocolCheck")  # its protocol now: that feature alone
+    assert core.vacuum(name, retention_hours=0).removed_files == [old]

@@ -19,6 +19,7 @@ from deltalake import write_deltalake
 
 from percolake.errors import FailedPrecondition
 from percolake.lake import delta_commit
+from percolake.lake.checkpoints import PROTECTED_BEFORE_KEY, write_checkpoint
 from percolake.lake.delta_commit import ApplyFailed, ApplyRefused, apply_table_write
 from percolake.lake.table_features import (
     FEATURES,
@@ -129,7 +130,7 @@ def test_a_delta_rs_feature_refusal_is_not_retried_as_a_concurrent_commit(table,
     ("Unsupported table features required") fails it at once, loudly, not after 20 retries.
     An overwrite: delta-rs commits it (an append is a log entry of percolake's own, which
     honours what ``FEATURES`` says and nothing else)."""
-    upgrade(table, "inCommitTimestamp")
+    upgrade(table, "allowColumnDefaults")
     monkeypatch.setattr(delta_commit, "refusal", lambda *args, **kwargs: None)
     attempts = []
     real_sleep = time.sleep
@@ -228,3 +229,92 @@ def test_object_store_files_carry_the_field_ids_of_every_nested_field(tmp_path):
     assert arrow.field("col-3").metadata[b"PARQUET:field_id"] == b"3"
     assert arrow.field("col-2").type.value_type.field(0).metadata[b"PARQUET:field_id"] == b"4"
     assert arrow.field("col-3").type.item_type.field(0).metadata[b"PARQUET:field_id"] == b"4"
+
+
+@pytest.mark.parametrize(("feature", "what_percolake_does_not_do", "what_to_do"), [
+    ("allowColumnDefaults", "percolake does not write a column's DEFAULT value",
+     "re-create it without column defaults (delta-spark cannot drop this feature"),
+])
+def test_a_refusal_says_what_percolake_does_not_do_and_what_can_be_done(
+        table, feature, what_percolake_does_not_do, what_to_do):
+    """Appends are percolake's own log entries: a refusal blames what percolake lacks, not
+    only delta-rs (which commits overwrites), and offers what delta-spark 4.4.0 allows."""
+    upgrade(table, feature)
+    with pytest.raises(FailedPrecondition) as refused:
+        WriteChecker().check(append_of(table))
+    assert what_percolake_does_not_do in str(refused.value)
+    assert what_to_do in str(refused.value)
+
+
+@pytest.mark.parametrize("feature", ["checkpointProtection", "inCommitTimestamp",
+                                     "typeWidening", "vacuumProtocolCheck"])
+def test_an_overwrite_of_a_table_delta_rs_cannot_commit_to_is_our_own_log_entry(
+        table, feature):
+    """delta-rs 1.6 commits nothing to these tables: the overwrite is a log entry percolake
+    writes itself, removing the table's files explicitly."""
+    upgrade(table, feature)
+    old = {json.loads(line)["add"]["path"] for line in
+           (table / "_delta_log" / f"{0:020d}.json").read_text().splitlines() if '"add"' in line}
+    overwrite = dataclasses.replace(append_of(table), mode=WriteMode.OVERWRITE)
+    WriteChecker().check(overwrite)
+    assert apply_table_write(overwrite, app_id="p-0", app_version=0, txn_id="t1",
+                             commit_ts=5) == 2
+    actions = [json.loads(line) for line in
+               (table / "_delta_log" / f"{2:020d}.json").read_text().splitlines()]
+    assert actions[0]["commitInfo"]["operationParameters"]["mode"] == "Overwrite"
+    assert {a["remove"]["path"] for a in actions if "remove" in a} == old
+    assert [a["add"]["path"] for a in actions if "add" in a] == \
+        [f.path for f in overwrite.add_files]
+
+
+def test_no_checkpoint_is_written_below_the_version_checkpoint_protection_requires(table):
+    """delta-spark's DROP FEATURE leaves ``checkpointProtection`` and
+    ``delta.requireCheckpointProtectionBeforeVersion``: no checkpoint below that version."""
+    log = table / "_delta_log"
+    set_protocol(table, "checkpointProtection", {PROTECTED_BEFORE_KEY: "1"},
+                 {"operation": "DROP FEATURE"})
+    write_checkpoint(f"file://{table}", 0)
+    assert not list(log.glob("*.checkpoint.parquet"))
+    write_checkpoint(f"file://{table}", 1)
+    assert [p.name for p in log.glob("*.checkpoint.parquet")] == \
+        [f"{1:020d}.checkpoint.parquet"]
+
+
+def set_protocol(root: Path, feature: str, configuration: dict[str, str],
+                 commit_info: dict) -> None:
+    """A log entry giving the table ``feature`` (writer only) and ``configuration``, as
+    delta-spark's ALTER TABLE would."""
+    log = root / "_delta_log"
+    version = max(int(p.stem) for p in log.glob("*.json")) + 1
+    metadata = next(json.loads(line)["metaData"] for line in
+                    (log / f"{0:020d}.json").read_text().splitlines() if '"metaData"' in line)
+    metadata["configuration"] = configuration
+    actions = [{"commitInfo": commit_info}, {"metaData": metadata},
+               {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7,
+                             "writerFeatures": [feature]}}]
+    (log / f"{version:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+
+def test_each_own_log_entry_carries_an_in_commit_timestamp_above_the_previous(
+        table, monkeypatch):
+    """commitInfo first, inCommitTimestamp = timestamp, strictly increasing: the clock's time,
+    or the previous commit's plus 1 when the clock is behind it."""
+    set_protocol(table, "inCommitTimestamp", {"delta.enableInCommitTimestamps": "true"},
+                 {"inCommitTimestamp": 2_000_000_000_000, "timestamp": 2_000_000_000_000,
+                  "operation": "SET TBLPROPERTIES"})  # a commit from a clock far ahead
+
+    def first_action(version: int) -> dict:
+        line = (table / "_delta_log" / f"{version:020d}.json").read_text().splitlines()[0]
+        return json.loads(line)["commitInfo"]
+
+    assert apply_table_write(append_of(table), app_id="p-0", app_version=0, txn_id="t1",
+                             commit_ts=5) == 2
+    assert first_action(2)["inCommitTimestamp"] == first_action(2)["timestamp"] == \
+        2_000_000_000_001
+    monkeypatch.setattr(delta_commit, "now_ms", lambda: 2_000_000_000_500)
+    overwrite = dataclasses.replace(append_of(table, "t2"), mode=WriteMode.OVERWRITE)
+    assert apply_table_write(overwrite, app_id="p-0", app_version=1, txn_id="t2",
+                             commit_ts=6) == 3
+    assert first_action(3)["inCommitTimestamp"] == first_action(3)["timestamp"] == \
+        2_000_000_000_500
+    assert first_action(3)["operationParameters"]["mode"] == "Overwrite"

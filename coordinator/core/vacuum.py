@@ -72,7 +72,8 @@ class Vacuuming(CoreState):
 
         Raises:
             FailedPrecondition: a protected version still reads a file vacuum would remove;
-                the message names the first such lease, pipeline range or the floor.
+                the message names the first such lease, pipeline range or the floor. Or the
+                table has a Delta table feature percolake cannot write (named).
         """
         canonical = self._canonical(table)
         hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
@@ -80,6 +81,11 @@ class Vacuuming(CoreState):
         with VACUUM_OR_REVISION:
             protections = self._protections(canonical)
             lake = TableVacuum(canonical, self.warehouse.roots)
+            refused = lake.protocol_refusal()
+            if refused:
+                raise FailedPrecondition(
+                    f"vacuum of {canonical} refused, nothing was removed: a vacuum must "
+                    f"implement every feature of the table (VACUUM it with delta-spark): {refused}")
             candidates = lake.candidates(hours)
             for protection in protections:
                 needed = _needed(lake, protection, candidates)

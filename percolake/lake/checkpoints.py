@@ -33,6 +33,7 @@ log = logging.getLogger("percolake.delta")
 DEFAULT_CHECKPOINT_INTERVAL = 10  # delta-spark's default delta.checkpointInterval
 INTERVAL_KEY = "delta.checkpointInterval"
 LAST_CHECKPOINT = "_last_checkpoint"
+PROTECTED_BEFORE_KEY = "delta.requireCheckpointProtectionBeforeVersion"
 
 
 def checkpoint_interval(configuration: Mapping[str, str | None]) -> int:
@@ -72,7 +73,8 @@ def last_checkpoint_version(table_uri: str) -> int | None:
 
 
 def write_checkpoint(table_uri: str, version: int) -> int:
-    """Writes the checkpoint of ``version`` unless ``_last_checkpoint`` names it or a later one.
+    """Writes the checkpoint of ``version`` unless ``_last_checkpoint`` names it or a later one,
+    or the table protects checkpoints below a later version (``_protected_below``).
 
     Returns:
         The table's ``delta.checkpointInterval`` at ``version``.
@@ -84,14 +86,34 @@ def write_checkpoint(table_uri: str, version: int) -> int:
         raise FileNotFoundError(f"no Delta table at {table_uri}")
     interval = checkpoint_interval(table.metadata().configuration)
     last = last_checkpoint_version(table_uri)
-    if last is None or last < version:
-        table.create_checkpoint()
-        log.info("checkpoint written", extra={"table": table_uri, "delta_version": version})
-        if (last_checkpoint_version(table_uri) or -1) < version:
-            # delta-rs finds the checkpoint of a writer that died before _last_checkpoint
-            # and writes nothing: the hint is written here, from that checkpoint
-            _write_hint(table_uri, version, len(table.file_uris()))
+    if last is not None and last >= version:
+        return interval
+    if _protected_below(table_uri) > version:
+        log.info("checkpoint not written: below %s", PROTECTED_BEFORE_KEY,
+                 extra={"table": table_uri, "delta_version": version})
+        return interval
+    table.create_checkpoint()
+    log.info("checkpoint written", extra={"table": table_uri, "delta_version": version})
+    if (last_checkpoint_version(table_uri) or -1) < version:
+        # delta-rs finds the checkpoint of a writer that died before _last_checkpoint
+        # and writes nothing: the hint is written here, from that checkpoint
+        _write_hint(table_uri, version, len(table.file_uris()))
     return interval
+
+
+def _protected_below(table_uri: str) -> int:
+    """The newest ``delta.requireCheckpointProtectionBeforeVersion`` of a table with the
+    ``checkpointProtection`` feature (0 without): no checkpoint may be created below it (a
+    version whose protocol percolake may not implement; delta-spark's DROP FEATURE sets it)."""
+    from percolake.lake.delta_commit import open_table
+
+    newest = open_table(table_uri)  # a DROP FEATURE after ``version`` sets it there
+    if newest is None or "checkpointProtection" not in (newest.protocol().writer_features or ()):
+        return 0
+    try:
+        return int(newest.metadata().configuration.get(PROTECTED_BEFORE_KEY) or 0)
+    except ValueError:
+        return 2**62  # unreadable: protect every version
 
 
 def _write_hint(table_uri: str, version: int, add_files: int) -> None:

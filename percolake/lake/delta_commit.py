@@ -43,7 +43,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from percolake.errors import FailedPrecondition, Unavailable
 from percolake.failpoints import fail_point
-from percolake.lake import storage
+from percolake.lake import in_commit_timestamps, storage
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
@@ -315,9 +315,15 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
 def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: str,
                    batch: int) -> bool:
     """Puts ``entry`` (a log entry of ours) as the table's next version, between the
-    failpoints ``before-<point>`` and ``after-<point>``; False if another writer took it."""
+    failpoints ``before-<point>`` and ``after-<point>``; False if another writer took it. On a
+    table with in-commit timestamps, its commitInfo goes first and carries one."""
     fail_point(f"before-{point}", batch)
-    if not put_entry(table_uri, table.version() + 1, entry):
+    version = table.version() + 1
+    if in_commit_timestamps.required(table.protocol().writer_features,
+                                     table.metadata().configuration):
+        entry = in_commit_timestamps.stamped(
+            entry, in_commit_timestamps.previous_timestamp(table_uri, version - 1), now_ms())
+    if not put_entry(table_uri, version, entry):
         return False
     fail_point(f"after-{point}", batch)
     table.update_incremental()

@@ -84,8 +84,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
              "percolake does not assign row ids (baseRowId, the row-tracking high-water mark) "
              "and delta-rs cannot commit to such a table",
              RECREATE.replace("{what}", "delta.enableRowTracking")),
-    _refused("inCommitTimestamp", False,
-             "delta-rs cannot commit to a table with in-commit timestamps", DROP_IT),
+    Feature("inCommitTimestamp", False, True,
+            "every write is a log entry percolake writes itself (delta-rs cannot commit to "
+            "such a table), its commitInfo first with an inCommitTimestamp above the previous "
+            "commit's, as delta-spark writes it (percolake.lake.in_commit_timestamps)"),
     Feature("typeWidening", True, True,
             "every write is committed as a log entry percolake writes itself (delta-rs cannot "
             "commit to such a table); merge_schema widens a column as delta-spark's mergeSchema "
@@ -94,15 +96,24 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
              "percolake writes the stable typeWidening feature's delta.typeChanges, not the "
              "preview's (which delta-spark 3.x wrote with table versions), and delta-rs cannot "
              "commit to such a table", DROP_IT),
-    _refused("vacuumProtocolCheck", True,
-             "delta-rs cannot commit to a table with vacuumProtocolCheck", DROP_IT),
+    Feature("vacuumProtocolCheck", True, True,
+            "every write is a log entry percolake writes itself (delta-rs cannot commit to "
+            "such a table); percolake's vacuum refuses a table with a feature percolake "
+            "cannot write, as the feature requires of every vacuum"),
     _refused("v2Checkpoint", True,
              "delta-rs writes classic checkpoints, not the V2 checkpoints the table requires",
              DROP_IT),
     _refused("allowColumnDefaults", False,
-             "delta-rs cannot commit to a table with column defaults", DROP_IT),
-    _refused("checkpointProtection", False,
-             "delta-rs cannot commit to a table with checkpointProtection", DROP_IT),
+             "percolake does not write a column's DEFAULT value (the schema's "
+             "CURRENT_DEFAULT) into rows that lack the column, and delta-rs, which commits "
+             "percolake's overwrites, cannot commit to such a table",
+             RECREATE.replace("{what}", "column defaults (delta-spark cannot drop this "
+                              "feature: DELTA_FEATURE_DROP_NONREMOVABLE_FEATURE)")),
+    Feature("checkpointProtection", False, True,
+            "every write is a log entry percolake writes itself (delta-rs cannot commit to "
+            "such a table); percolake writes no checkpoint of a version below "
+            "delta.requireCheckpointProtectionBeforeVersion, and its log cleanup creates no "
+            "checkpoint and deletes none at or after the version it keeps from"),
     _refused("icebergCompatV1", False,
              "delta-rs does not keep the table Iceberg-compatible",
              RECREATE.replace("{what}", "delta.enableIcebergCompatV1 (UniForm)")),
@@ -213,7 +224,8 @@ def partition_filters(write: TableWriteRecord) -> list[tuple[str, str, list[str]
 
 # Features delta-rs 1.6 commits nothing to ("Unsupported table features required") but whose
 # tables percolake writes: every apply to such a table is a log entry of percolake's own.
-OWN_ENTRY_FEATURES = ("typeWidening",)
+OWN_ENTRY_FEATURES = ("typeWidening", "vacuumProtocolCheck", "checkpointProtection",
+                      "inCommitTimestamp")
 
 
 def needs_own_entry(protocol: TableProtocol) -> bool:

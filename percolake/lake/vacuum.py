@@ -9,6 +9,7 @@ retention ago that no newer version added again. Each removal's version comes fr
 commit entries; a file whose removal entry is gone (log cleanup) counts as removed at the
 newest version, so every protected range keeps it. The removal deletes exactly the checked
 candidates, on one loaded snapshot: a commit meanwhile changes nothing of what was checked.
+A table with a feature percolake cannot write is not vacuumed (``protocol_refusal``).
 
 Paths are relative to the table root, as stored (partition folders percent-encoded as delta-rs
 writes them), so the sets compare exactly.
@@ -30,6 +31,7 @@ from deltalake import DeltaTable
 from percolake.lake import storage
 from percolake.lake.cleanup import walk_folders
 from percolake.lake.delta_commit import commit_file, commit_uri, open_table
+from percolake.lake.table_features import refusal, table_protocol
 from percolake.lake.warehouse import (
     UnsafeLocation,
     check_table_location,
@@ -58,6 +60,19 @@ class TableVacuum:
         self._roots = (root.rstrip("/") + "/", self.table.table_uri.rstrip("/") + "/") \
             if self.table is not None else ()
         self._removals: dict[str, Removal] | None = None
+
+    def protocol_refusal(self) -> str | None:
+        """Why percolake may not vacuum the table, None when it may: a vacuum deletes only
+        files of tables whose every feature percolake implements (what ``vacuumProtocolCheck``
+        requires of a vacuum; a feature it does not know may keep files in ways it cannot
+        see)."""
+        if self.table is None:
+            return None
+        versions = self.table.protocol()
+        protocol = table_protocol(versions.min_reader_version, versions.min_writer_version,
+                                  versions.reader_features, versions.writer_features,
+                                  self.table.metadata().configuration)
+        return refusal(self.table_uri, protocol)
 
     @property
     def newest_version(self) -> int | None:

@@ -29,17 +29,19 @@ REFUSED = {
     "clustering": ("id BIGINT, name STRING", "CLUSTER BY (id)"),
     "rowTracking": ("id BIGINT, name STRING", "'delta.enableRowTracking'='true'"),
     "domainMetadata": ("id BIGINT, name STRING", "'delta.feature.domainMetadata'='supported'"),
-    "inCommitTimestamp": ("id BIGINT, name STRING", "'delta.enableInCommitTimestamps'='true'"),
-    "vacuumProtocolCheck": ("id BIGINT, name STRING",
-                            "'delta.feature.vacuumProtocolCheck'='supported'"),
     "v2Checkpoint": ("id BIGINT, name STRING", "'delta.checkpointPolicy'='v2'"),
     "allowColumnDefaults": ("id BIGINT, name STRING",
                             "'delta.feature.allowColumnDefaults'='supported'"),
-    "checkpointProtection": ("id BIGINT, name STRING",
-                             "'delta.feature.checkpointProtection'='supported'"),
     "icebergCompatV2": ("id BIGINT, name STRING", "'delta.columnMapping.mode'='name', "
                         "'delta.enableIcebergCompatV2'='true'"),
     "variantType": ("id BIGINT, name STRING, v VARIANT", ""),
+    # delta-spark 4.4.0 still creates tables with these older features when asked by name
+    "icebergCompatV1": ("id BIGINT, name STRING", "'delta.columnMapping.mode'='name', "
+                        "'delta.enableIcebergCompatV1'='true'"),
+    "typeWidening-preview": ("id BIGINT, name STRING",
+                             "'delta.feature.typeWidening-preview'='supported'"),
+    "variantType-preview": ("id BIGINT, name STRING",
+                            "'delta.feature.variantType-preview'='supported'"),
 }
 
 
@@ -91,6 +93,61 @@ def test_a_table_with_a_feature_percolake_cannot_write_is_refused_with_nothing_w
     assert versions(refused) == before
     assert not (refused / "_percolake").exists()
     assert not (plain / "_delta_log").exists()
+
+
+def table_features(spark: SparkSession, path: Path) -> list[str]:
+    return sorted(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0].tableFeatures)
+
+
+# feature -> the table properties that turn it on (checkpointProtection: see the test)
+OWN_ENTRY_TABLES = {
+    "vacuumProtocolCheck": "'delta.feature.vacuumProtocolCheck'='supported'",
+    "checkpointProtection": "'delta.feature.vacuumProtocolCheck'='supported'",
+    "inCommitTimestamp": "'delta.enableInCommitTimestamps'='true'",
+}
+
+
+@pytest.mark.parametrize("feature", sorted(OWN_ENTRY_TABLES))
+def test_a_table_whose_feature_our_log_entries_honour_is_written_as_delta_spark_writes_it(
+        spark, lake_daemon, lake, feature):
+    """delta-rs commits nothing to these tables; percolake's own log entries do, an append
+    then an overwrite, each equal to delta-spark's own write to a copy. The
+    checkpointProtection table is as delta-spark 4.4.0's DROP FEATURE vacuumProtocolCheck
+    leaves it (protected checkpoints, delta.requireCheckpointProtectionBeforeVersion). With
+    in-commit timestamps, every commit's commitInfo comes first with one, increasing, and is
+    the version's time for delta-spark, which commits on top of ours."""
+    path = lake / feature
+    create(spark, path, "id BIGINT, name STRING", OWN_ENTRY_TABLES[feature])
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 'a')")
+    if feature == "checkpointProtection":
+        spark.sql(f"ALTER TABLE delta.`{path}` DROP FEATURE vacuumProtocolCheck")
+    assert feature in table_features(spark, path)
+    copy = copy_of(path)
+    run = batches(lake_daemon, feature)
+    more = spark.createDataFrame([(2, "b"), (3, None)], "id long, name string")
+    run(spark, lambda txn: txn.write(more, str(path)))
+    more.write.format("delta").mode("append").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(1, "a"), (2, "b"), (3, None)]
+    again = spark.createDataFrame([(4, "d")], "id long, name string")
+    run(spark, lambda txn: txn.write(again, str(path), mode="overwrite"))
+    again.write.format("delta").mode("overwrite").save(str(copy))
+    assert rows(spark, path) == rows(spark, copy) == [(4, "d")]
+
+    def last_operation(table: Path) -> tuple:
+        entry = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").collect()[0]
+        return entry.operation, entry.operationParameters["mode"]
+
+    assert last_operation(path) == last_operation(copy) == ("WRITE", "Overwrite")
+    assert table_features(spark, path) == table_features(spark, copy)
+    if feature == "inCommitTimestamp":
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES (5, 'e')")  # delta-spark after ours
+        assert rows(spark, path) == [(4, "d"), (5, "e")]
+        stamps = [json.loads((path / "_delta_log" / name).read_text().splitlines()[0])
+                  ["commitInfo"]["inCommitTimestamp"] for name in versions(path)]
+        assert stamps == sorted(set(stamps)) and len(stamps) == 5  # strictly increasing
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`") \
+            .selectExpr("version", "unix_millis(timestamp) AS ms").collect()
+        assert sorted((r.version, r.ms) for r in history) == list(enumerate(stamps))
 
 
 def copy_of(path: Path) -> Path:

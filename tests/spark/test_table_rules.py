@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +28,7 @@ from tests.spark.helpers import transactions
 
 pytestmark = pytest.mark.spark
 
+ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ("id BIGINT NOT NULL, amount INT, s STRUCT<x: INT NOT NULL, y: INT>, ts TIMESTAMP, "
            "note STRING, day DATE GENERATED ALWAYS AS (CAST(ts AS DATE))")
 BATCH = "id BIGINT, amount INT, s STRUCT<x: INT, y: INT>, ts TIMESTAMP"
@@ -223,3 +227,91 @@ def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
     with pytest.raises(UnknownTable, match=f"{database}.missing"):
         spark.readStream.format("percolake").option("coordinator", lake_daemon.target) \
             .option("pipeline", "names-reader").load(f"{database}.missing")
+
+
+# A session whose catalog is a Hive metastore (embedded Derby, in the test's folder): its own
+# process, since a JVM's catalog implementation is fixed when its first session starts and the
+# shared session's is Spark's built-in one.
+HIVE_CATALOG_JOB = """
+import sys
+import time
+from pathlib import Path
+from sparkside import ConsistentReader, Participant, local_spark
+from sparkside.errors import TableNotWritten, UnknownTable
+
+target, root, pipeline = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+spark = local_spark("hive-catalog", cores=1, conf={
+    "spark.sql.catalogImplementation": "hive",  # what enableHiveSupport() sets
+    "spark.sql.warehouse.dir": str(root / "warehouse"),
+    "spark.hadoop.javax.jdo.option.ConnectionURL":
+        f"jdbc:derby:;databaseName={root}/metastore;create=true"})
+spark.sparkContext.setLogLevel("ERROR")
+print("catalog", spark.conf.get("spark.sql.catalogImplementation"))
+spark.sql("CREATE DATABASE sales")
+spark.sql("CREATE TABLE sales.orders (id BIGINT, note STRING) USING DELTA")  # managed
+participant = Participant(target, pipeline_id=pipeline)
+participant.run_batch(spark.range(1), 0, lambda df, batch_id, txn: txn.write(
+    spark.sql("SELECT id, CAST(id AS STRING) note FROM range(4)"), "sales.orders"))
+try:
+    participant.run_batch(spark.range(1), 1, lambda df, batch_id, txn: txn.write(
+        spark.range(1), "sales.missing"))
+except UnknownTable as refused:
+    print("refused write", refused)
+participant.close()
+print("delta-spark reads", sorted(r.id for r in spark.table("sales.orders").collect()))
+print("snapshot reads", ConsistentReader(spark, target).snapshot(["sales.orders"])
+      .table("sales.orders").count())
+
+
+class ReadDone(Exception):
+    pass
+
+
+def read_batch(df, batch_id, txn):
+    print("txn.read reads", txn.read("spark_catalog.sales.orders").count())
+    try:
+        txn.read("sales.missing")
+    except UnknownTable as refused:
+        print("refused read", refused)
+    raise ReadDone
+
+
+reader = Participant(target, pipeline_id=pipeline + "-reader")
+deadline = time.monotonic() + 30
+while True:  # until an input barrier has completed since batch 0's commit
+    try:
+        reader.run_batch(spark.range(1), 0, read_batch)
+    except ReadDone:
+        break
+    except TableNotWritten:
+        assert time.monotonic() < deadline, "no input barrier completed in 30 s"
+        time.sleep(1)
+reader.close()
+spark.stop()
+"""
+
+
+def test_names_of_a_hive_metastore_resolve_to_their_locations(lake_daemon, lake):
+    """A managed Delta table that delta-spark created in a Hive metastore, written by
+    ``txn.write`` and read by ``txn.read`` and ``ConsistentReader.snapshot`` by its name; the
+    coordinator keys it by its location; an unknown name is refused naming it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    pipeline = f"hive-{uuid.uuid4().hex[:6]}"
+    done = subprocess.run([sys.executable, "-c", HIVE_CATALOG_JOB, lake_daemon.target,
+                           str(lake), pipeline], env=env, cwd=lake, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout.splitlines()
+    assert "catalog hive" in out
+    assert (lake / "metastore").is_dir()  # the Derby metastore held the table
+    assert "delta-spark reads [0, 1, 2, 3]" in out
+    assert "snapshot reads 4" in out
+    assert "txn.read reads 4" in out
+    refusals = [line for line in out if line.startswith("refused ")]
+    assert [r.split()[1] for r in refusals] == ["write", "read"]
+    assert all("'sales.missing' is not in the session's catalog" in r for r in refusals)
+    location = lake / "warehouse" / "sales.db" / "orders"
+    assert DeltaTable(str(location)).version() == 1  # CREATE TABLE, batch 0
+    txn = transactions(lake_daemon.stub, pipeline)[0]
+    assert [p.table for p in txn.participants] == [canonical_table_uri(str(location))]
+    assert txn_json(txn)["tables"][0]["name"] == "sales.orders"
