@@ -74,12 +74,14 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
              "schema) and delta-rs cannot commit to a table with identity columns",
              RECREATE.replace("{what}", "GENERATED ... AS IDENTITY columns")),
     _refused("clustering", False,
-             "delta-rs cannot commit to a liquid-clustered table (it does not maintain the "
-             "clustering domain metadata)",
+             "percolake does not maintain the table's clustering (the delta.clustering "
+             "domain metadata and clustered file layout delta-spark keeps), and delta-rs, "
+             "which commits percolake's overwrites, cannot commit to such a table",
              RECREATE.replace("{what}", "CLUSTER BY (partition it instead)")),
     _refused("domainMetadata", False,
-             "delta-rs cannot commit to a table with domain metadata (liquid clustering and "
-             "row tracking use it)", DROP_IT),
+             "percolake does not write or carry domainMetadata actions (liquid clustering and "
+             "row tracking keep theirs there), and delta-rs, which commits percolake's "
+             "overwrites, cannot commit to such a table", DROP_IT),
     _refused("rowTracking", False,
              "percolake does not assign row ids (baseRowId, the row-tracking high-water mark) "
              "and delta-rs cannot commit to such a table",
@@ -101,7 +103,8 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             "such a table); percolake's vacuum refuses a table with a feature percolake "
             "cannot write, as the feature requires of every vacuum"),
     _refused("v2Checkpoint", True,
-             "delta-rs writes classic checkpoints, not the V2 checkpoints the table requires",
+             "percolake and delta-rs write classic checkpoints, not the V2 checkpoints (with "
+             "sidecars) the table requires",
              DROP_IT),
     _refused("allowColumnDefaults", False,
              "percolake does not write a column's DEFAULT value (the schema's "
@@ -115,10 +118,13 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             "delta.requireCheckpointProtectionBeforeVersion, and its log cleanup creates no "
             "checkpoint and deletes none at or after the version it keeps from"),
     _refused("icebergCompatV1", False,
-             "delta-rs does not keep the table Iceberg-compatible",
+             "percolake does not keep the table Iceberg-compatible (the checks and metadata "
+             "icebergCompatV1 requires of every write), nor does delta-rs",
              RECREATE.replace("{what}", "delta.enableIcebergCompatV1 (UniForm)")),
     _refused("icebergCompatV2", False,
-             "delta-rs cannot commit to an Iceberg-compatible (UniForm) table",
+             "percolake does not keep the table Iceberg-compatible (the checks and metadata "
+             "icebergCompatV2 requires of every write), and delta-rs cannot commit to such a "
+             "table",
              RECREATE.replace("{what}", "delta.enableIcebergCompatV2 (UniForm)")),
     _refused("variantType", True, "percolake's writer does not write VARIANT columns",
              RECREATE.replace("{what}", "VARIANT columns")),
