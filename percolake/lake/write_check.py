@@ -66,7 +66,7 @@ from percolake.lake.schema_evolution import (
     merged_schema,
     timestamp_ntz_problem,
 )
-from percolake.lake.table_cache import FileId, LogEntries
+from percolake.lake.table_cache import FileId, LogEntries, LogEntry, names_commit
 from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
@@ -99,6 +99,25 @@ class LayoutCache:
     def __init__(self, entries: LogEntries | None = None) -> None:
         self.entries = entries or LogEntries()
         self._entries: dict[str, tuple[TableLayout, FileId]] = {}
+        # object store: table -> the entry of the version after its cached layout's, read
+        # (by an applied report's check) while that layout was cached
+        self._successors: dict[str, tuple[int, LogEntry]] = {}
+
+    def is_commit_of(self, table: str, version: int, txn_id: str, app_id: str,
+                     app_version: int) -> bool:
+        """``LogEntries.is_commit_of`` (an applied report's check). On an object store the
+        entry read, if it is the one after the cached layout's version, is kept for the
+        table's next lookup, which then does not read it again: that lookup still reads the
+        cached version's entry, and finding it unchanged says the log is the one both were
+        read from (a table deleted and created again has another entry there)."""
+        if not is_object_store(table):
+            return self.entries.is_commit_of(table, version, txn_id, app_id, app_version)
+        cached = self._entries.get(table)
+        found = self.entries.entry(table, version)
+        if found is not None and cached is not None and cached[0].version == version - 1 \
+                and self._entries.get(table) is cached:  # cached before the read, still
+            self._successors[table] = (version, found)
+        return names_commit(found, txn_id, app_id, app_version)
 
     def get(self, table: str) -> TableLayout | None:
         """The table's current layout, None if it does not exist."""
@@ -125,9 +144,16 @@ class LayoutCache:
         cached version's and the next ``READ_AHEAD`` at once (one round trip when fewer
         commits came since: usually one, the previous batch's own)."""
         ahead = READ_AHEAD if is_object_store(table) else 1  # a stat each is cheap locally
+        successor = self._successors.pop(table, None)
         try:
             version = layout.version
-            base, *found = self.entries.entries(table, range(version, version + 1 + ahead))
+            if successor is not None and successor[0] == version + 1:
+                # the next entry is known (an applied report read it): the cached one and
+                # the one after the known one, at once
+                base, after = self.entries.entries(table, [version, version + 2])
+                found = [successor[1], after]
+            else:
+                base, *found = self.entries.entries(table, range(version, version + 1 + ahead))
             if base is None or base.file_id != file_id:
                 return None
             while True:
