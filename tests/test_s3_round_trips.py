@@ -14,6 +14,7 @@ batch's layouts in one round trip, once.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,32 @@ def test_an_open_carrying_several_reports_reads_all_their_entries_in_one_round_t
     for report in reports:
         state = stub.GetTransaction(pb.GetTransactionRequest(txn_id=report.txn_id), timeout=30)
         assert state.state == pb.APPLIED
+
+
+def test_a_report_carried_while_the_same_report_is_checked_reads_its_entries_once(
+        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
+    """The participant sends a batch's report in the background and carries it on the next
+    Open until confirmed: when the Open comes while the sent report's entries are being read,
+    its check takes those reads instead of reading the entries again."""
+    stub = s3_daemon(daemon_factory, moto_server, s3_bucket, relay, tmp_path).stub
+    pipeline = unique("raced")
+    tables = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
+    committed, calls = commit_batch(stub, moto_server, relay, pipeline, 0, tables)
+    report = report_of(committed, calls["versions"])
+    relay.reset()
+    sent = stub.ReportApplied.future(pb.ReportAppliedRequest(
+        txn_id=committed.txn_id, tables=report.tables), timeout=60)
+    deadline = time.monotonic() + 30
+    while len(relay.requests()) < 3 and time.monotonic() < deadline:  # its GETs are held
+        time.sleep(0.005)
+    opened = stub.OpenTransaction(pb.OpenTransactionRequest(
+        pipeline_id=pipeline, batch_id=1, tables=tables, applied_reports=[report]),
+        timeout=60)
+    assert sent.result().transaction.state == pb.APPLIED
+    assert len(opened.transaction.participants) == 3
+    read = relay.requests()
+    assert all(entry_gets(read, t) == [0] for t in tables), summary(read)
+    assert len(read) == 3, summary(read)
 
 
 def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s3_env,

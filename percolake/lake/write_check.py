@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -102,6 +103,10 @@ class LayoutCache:
         # object store: table -> the entry of the version after its cached layout's, read
         # (by an applied report's check) while that layout was cached
         self._successors: dict[str, tuple[int, LogEntry]] = {}
+        # object store: (table, version) -> the read of that entry under way for a report's
+        # check, which a concurrent check of the same entry waits for instead of reading
+        self._reading: dict[tuple[str, int], Future[LogEntry | None]] = {}
+        self._lock = threading.Lock()
 
     def is_commit_of(self, table: str, version: int, txn_id: str, app_id: str,
                      app_version: int) -> bool:
@@ -113,7 +118,7 @@ class LayoutCache:
         if not is_object_store(table):
             return self.entries.is_commit_of(table, version, txn_id, app_id, app_version)
         cached = self._entries.get(table)
-        found = self.entries.entry(table, version)
+        found = self._shared_entry(table, version)
         if found is not None and cached is not None and cached[0].version == version - 1 \
                 and self._entries.get(table) is cached:  # cached before the read, still
             self._successors[table] = (version, found)
@@ -136,6 +141,36 @@ class LayoutCache:
         else:
             self._entries[table] = (layout, file_id)
         return layout
+
+    def _shared_entry(self, table: str, version: int) -> LogEntry | None:
+        """``entries.entry`` of an object-store table; a check of an entry whose read is
+        already under way (a report sent in the background and the same report carried by
+        the next Open) takes that read's entry instead of reading it again. Only an entry
+        found is shared: a reported entry exists before either report is sent, so a read
+        that found none (or failed) is made again by the waiter."""
+        key = (table, version)
+        with self._lock:
+            under_way = self._reading.get(key)
+            if under_way is None:
+                mine: Future[LogEntry | None] = Future()
+                self._reading[key] = mine
+        if under_way is not None:
+            try:
+                found = under_way.result()
+            except Exception:  # noqa: BLE001 - the waiter reads for itself
+                found = None
+            return found if found is not None else self.entries.entry(table, version)
+        try:
+            found = self.entries.entry(table, version)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        else:
+            mine.set_result(found)
+            return found
+        finally:
+            with self._lock:
+                self._reading.pop(key, None)
 
     def _advance(self, table: str, layout: TableLayout, file_id: FileId
                  ) -> tuple[TableLayout, FileId] | None:
