@@ -177,7 +177,9 @@ class LayoutCache:
         """The cached layout moved to the newest version, None if the log must be loaded
         again. One stat per commit file looked at; on an object store one GET each, the
         cached version's and the next ``READ_AHEAD`` at once (one round trip when fewer
-        commits came since: usually one, the previous batch's own)."""
+        commits came since: usually one, the previous batch's own), or, when an applied
+        report's check read the next one already (``is_commit_of``), the cached version's and
+        the one after the known one."""
         ahead = READ_AHEAD if is_object_store(table) else 1  # a stat each is cheap locally
         successor = self._successors.pop(table, None)
         try:
