@@ -352,8 +352,10 @@ def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoo
     checker = WriteChecker(LayoutCache(tables.entries), roots=config.warehouse_roots)
 
     def build(store: Store) -> TransactionCoordinator:
+        # the reports' checks through the layouts: an entry they read is not read again by
+        # the next write check of its table
         return TransactionCoordinator(store, config, applier=applier,
-                                      applied_check=tables.entries.is_commit_of,
+                                      applied_check=checker.layouts.is_commit_of,
                                       write_check=checker.check)
 
     return build

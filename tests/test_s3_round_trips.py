@@ -4,14 +4,17 @@ request) in front of moto's server.
 
 The daemon reaches the store through the relay; the test's own writes and delta-rs applies go
 straight to moto, so the relay sees the coordinator's requests alone. In the steady state
-(each table's layout cached at the previous batch) a Commit's write check of three tables is
-one round trip (per table: the cached commit file, the next ones, the attempt's listing, all at
-once; the tables side by side), a ReportApplied of three tables one round trip of one GET each,
-and the participant's schema check reads the batch's layouts in one round trip, once.
+(each table's layout cached at the previous batch) a ReportApplied of three tables, or an Open
+carrying the applied reports (however many), is one round trip of one GET per reported entry;
+the next Commit's write check of three tables one round trip (per table: the cached commit
+file, the one after the reported entry, the attempt's listing, all at once; the tables side by
+side), never reading the reported entry again; and the participant's schema check reads the
+batch's layouts in one round trip, once.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ from percolake.v1 import coordinator_pb2 as pb
 from sparkside.schema_check import SchemaChecker
 from tests.daemon_support import apply_all, unique
 from tests.latency_relay import LatencyRelay, round_trips
-from tests.test_s3_daemon import open_txn, write_files, write_intent
+from tests.test_s3_daemon import write_files, write_intent
 from tests.test_s3_semantics import SCHEMA, upload
 
 DELAY_S = 0.1  # well above the machine's own scheduling delays, even when loaded
@@ -51,41 +54,145 @@ def test_a_log_entry_is_read_with_one_get(moto_server, s3_env, s3_bucket, relay,
     assert [r.kind for r in relay.requests()] == ["GET", "GET"]  # no HEAD before either
 
 
-def test_a_batch_of_three_s3_tables_costs_the_coordinator_one_round_trip_per_call(
-        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
-    daemon = daemon_factory.start(
+def s3_daemon(daemon_factory, moto_server, s3_bucket, relay, tmp_path: Path):  # noqa: ANN001, ANN201
+    """A daemon that reaches moto through the relay (never rolling forward on its own)."""
+    return daemon_factory.start(
         ["--roll-forward-after", "3600", "--txn-timeout", "60"],
         warehouse=f"s3://{s3_bucket}/wh", data_dir=tmp_path / "data",
         env=moto_server.env(AWS_ENDPOINT_URL=relay.endpoint))
-    stub = daemon.stub
+
+
+def commit_batch(stub, moto_server, relay, pipeline: str, batch: int, tables: list[str],  # noqa: ANN001
+                 reports: list[pb.AppliedReport] = ()) -> tuple[pb.Transaction, dict]:  # noqa: ANN001
+    """Open (carrying ``reports``), one file per table, Commit, each table applied straight to
+    moto as a participant applies it. Returns the transaction, its applied versions and the
+    daemon's requests during the Open and during the Commit."""
+    relay.reset()
+    opened = stub.OpenTransaction(pb.OpenTransactionRequest(
+        pipeline_id=pipeline, batch_id=batch, tables=tables, applied_reports=reports),
+        timeout=60)
+    calls = {"open": relay.requests()}
+    locations = {p.table: p.write_location for p in opened.transaction.participants}
+    writes = [write_intent(t, write_files(moto_server, locations[t], [batch])) for t in tables]
+    relay.reset()
+    committed = stub.CommitTransaction(pb.CommitTransactionRequest(
+        txn_id=opened.transaction.txn_id, writes=writes), timeout=60).transaction
+    assert committed.state == pb.COMMITTED
+    calls["commit"] = relay.requests()
+    calls["versions"] = apply_all(stub, committed.txn_id)  # straight to moto
+    return committed, calls
+
+
+def report_of(txn: pb.Transaction, versions: dict[str, int]) -> pb.AppliedReport:
+    return pb.AppliedReport(txn_id=txn.txn_id, tables=[
+        pb.AppliedTable(table=t, delta_version=v) for t, v in versions.items()])
+
+
+def entry_gets(requests, table: str) -> list[int]:  # noqa: ANN001
+    """The versions of ``table``'s log entries the requests read."""
+    prefix = f"/{table.split('/', 3)[2]}/{table.split('/', 3)[3]}/_delta_log/"
+    return sorted(int(r.target[len(prefix):].split(".")[0]) for r in requests
+                  if r.kind == "GET" and r.target.startswith(prefix))
+
+
+def test_a_batch_of_three_s3_tables_costs_the_coordinator_one_round_trip_per_call(
+        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
+    stub = s3_daemon(daemon_factory, moto_server, s3_bucket, relay, tmp_path).stub
     pipeline = unique("rt")
     tables = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
-    calls: dict[str, list] = {}
     for batch in range(3):  # batch 0 creates the tables, 1 loads the layouts, 2 is measured
-        opened = open_txn(stub, pipeline, batch, tables)
-        locations = {p.table: p.write_location for p in opened.transaction.participants}
-        writes = [write_intent(t, write_files(moto_server, locations[t], [batch]))
-                  for t in tables]
-        relay.reset()
-        committed = stub.CommitTransaction(pb.CommitTransactionRequest(
-            txn_id=opened.transaction.txn_id, writes=writes), timeout=60).transaction
-        assert committed.state == pb.COMMITTED
-        calls["commit"] = relay.requests()
-        versions = apply_all(stub, committed.txn_id)  # straight to moto, as a participant
+        committed, calls = commit_batch(stub, moto_server, relay, pipeline, batch, tables)
         relay.reset()
         applied = stub.ReportApplied(pb.ReportAppliedRequest(
-            txn_id=committed.txn_id, tables=[pb.AppliedTable(table=t, delta_version=v)
-                                             for t, v in versions.items()]), timeout=60)
+            txn_id=committed.txn_id, tables=report_of(committed, calls["versions"]).tables),
+            timeout=60)
         assert applied.transaction.state == pb.APPLIED
-        calls["report"] = relay.requests()
-    # batch 2: per table the cached entry (version 0), the next two (1, and 2 not yet there),
-    # the attempt's listing: 12 requests, none waiting for another
+        report = relay.requests()
+    # batch 2: per table the cached entry (version 0), the one after the entry batch 1's
+    # report read (2, not there yet), the attempt's listing: 9 requests, none waiting for
+    # another; entry 1 (batch 1's commit, read by its report) is not read again
     commit = calls["commit"]
-    assert len([r for r in commit if r.kind == "GET"]) == 9, summary(commit)
+    assert all(entry_gets(commit, t) == [0, 2] for t in tables), summary(commit)
     assert len([r for r in commit if r.kind == "LIST"]) == 3, summary(commit)
-    assert len(commit) == 12 and round_trips(commit) == 1, summary(commit)
-    report = calls["report"]
+    assert len(commit) == 9 and round_trips(commit) == 1, summary(commit)
     assert [r.kind for r in report] == ["GET"] * 3 and round_trips(report) == 1, summary(report)
+    assert all(entry_gets(report, t) == [2] for t in tables), summary(report)
+
+
+def test_an_open_carrying_the_applied_report_costs_one_round_trip_and_no_entry_is_read_twice(
+        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
+    """The carried report's case: each Open carries the previous batch's report (never sent
+    with ReportApplied): its check reads the reported entries in one round trip, and the
+    Commit's write check after it does not read them again."""
+    stub = s3_daemon(daemon_factory, moto_server, s3_bucket, relay, tmp_path).stub
+    pipeline = unique("carried")
+    tables = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
+    reports: list[pb.AppliedReport] = []
+    measured = []
+    for batch in range(4):  # batch 0 creates the tables, 1 loads the layouts
+        committed, calls = commit_batch(stub, moto_server, relay, pipeline, batch, tables,
+                                        reports)
+        reports = [report_of(committed, calls["versions"])]
+        measured.append(calls)
+    for batch in (2, 3):  # the Open carries the report of batch - 1, committed at batch - 1
+        opened, commit = measured[batch]["open"], measured[batch]["commit"]
+        assert [r.kind for r in opened] == ["GET"] * 3 and round_trips(opened) == 1, \
+            summary(opened)
+        assert all(entry_gets(opened, t) == [batch - 1] for t in tables), summary(opened)
+        assert all(entry_gets(commit, t) == [batch - 2, batch] for t in tables), summary(commit)
+        assert len(commit) == 9 and round_trips(commit) == 1, summary(commit)
+    state = stub.GetTransaction(pb.GetTransactionRequest(txn_id=reports[0].txn_id), timeout=30)
+    assert state.state == pb.COMMITTED  # the last report was never carried: still held
+
+
+def test_an_open_carrying_several_reports_reads_all_their_entries_in_one_round_trip(
+        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
+    """Two unconfirmed reports (two batches of different tables) ride on one Open: their six
+    entries are read side by side, not one report after the other."""
+    stub = s3_daemon(daemon_factory, moto_server, s3_bucket, relay, tmp_path).stub
+    pipeline = unique("several")
+    first = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
+    second = [f"s3://{s3_bucket}/wh/{name}2" for name in TABLES]
+    reports = []
+    for batch, tables in enumerate((first, second)):
+        committed, calls = commit_batch(stub, moto_server, relay, pipeline, batch, tables)
+        reports.append(report_of(committed, calls["versions"]))
+    relay.reset()
+    opened = stub.OpenTransaction(pb.OpenTransactionRequest(
+        pipeline_id=pipeline, batch_id=2, tables=first + second, applied_reports=reports),
+        timeout=60)
+    read = relay.requests()
+    assert len(opened.transaction.participants) == 6
+    assert [r.kind for r in read] == ["GET"] * 6 and round_trips(read) == 1, summary(read)
+    for report in reports:
+        state = stub.GetTransaction(pb.GetTransactionRequest(txn_id=report.txn_id), timeout=30)
+        assert state.state == pb.APPLIED
+
+
+def test_a_report_carried_while_the_same_report_is_checked_reads_its_entries_once(
+        daemon_factory, moto_server, s3_env, s3_bucket, relay, tmp_path: Path):
+    """The participant sends a batch's report in the background and carries it on the next
+    Open until confirmed: when the Open comes while the sent report's entries are being read,
+    its check takes those reads instead of reading the entries again."""
+    stub = s3_daemon(daemon_factory, moto_server, s3_bucket, relay, tmp_path).stub
+    pipeline = unique("raced")
+    tables = [f"s3://{s3_bucket}/wh/{name}" for name in TABLES]
+    committed, calls = commit_batch(stub, moto_server, relay, pipeline, 0, tables)
+    report = report_of(committed, calls["versions"])
+    relay.reset()
+    sent = stub.ReportApplied.future(pb.ReportAppliedRequest(
+        txn_id=committed.txn_id, tables=report.tables), timeout=60)
+    deadline = time.monotonic() + 30
+    while len(relay.requests()) < 3 and time.monotonic() < deadline:  # its GETs are held
+        time.sleep(0.005)
+    opened = stub.OpenTransaction(pb.OpenTransactionRequest(
+        pipeline_id=pipeline, batch_id=1, tables=tables, applied_reports=[report]),
+        timeout=60)
+    assert sent.result().transaction.state == pb.APPLIED
+    assert len(opened.transaction.participants) == 3
+    read = relay.requests()
+    assert all(entry_gets(read, t) == [0] for t in tables), summary(read)
+    assert len(read) == 3, summary(read)
 
 
 def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s3_env,

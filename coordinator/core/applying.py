@@ -25,9 +25,12 @@ _FREE = threading.Lock()  # never taken: stands for a table nobody has rolled fo
 class Applying(CoreState):
     """ReportApplied and the coordinator's own roll-forward of commits."""
 
-    def report_applied(self, txn_id: str, epoch: int | None,
-                       versions: dict[str, int]) -> TxnRecord:
-        """Records finished secondaries; the transaction is APPLIED once every table is."""
+    def report_applied(self, txn_id: str, epoch: int | None, versions: dict[str, int],
+                       verified: Collection[str] = ()) -> TxnRecord:
+        """Records finished secondaries; the transaction is APPLIED once every table is.
+
+        ``verified``: tables whose reported version the caller has just verified
+        (``_verify_applied``) with the same versions: not read again."""
         validation.check_id("txn_id", txn_id)
         validation.check_epoch(epoch)
         if not versions:
@@ -36,7 +39,7 @@ class Applying(CoreState):
         for table, version in versions.items():
             validation.check_non_negative("delta_version", version)
             canonical[self._canonical(table)] = version
-        verified: set[str] = set()
+        verified = {self._canonical(t) for t in verified}
         while True:  # the log is read outside the lock; record only what was verified
             with self._lock:
                 txn = self._get(txn_id)
@@ -56,9 +59,11 @@ class Applying(CoreState):
 
         Every report must be of a transaction of the Open's own pipeline (whose WRITE the Open
         needs); the Open's caller checks (fencing, query id) come first and a malformed or
-        foreign report refuses the Open before anything is recorded. Reports that pass are
-        recorded one by one, before the Open's own checks: a true report recorded by an Open
-        refused later (say, for a table owned elsewhere) is harmless and idempotent.
+        foreign report refuses the Open before anything is recorded. The log entries of every
+        report are read at once (one round trip on an object store, however many reports);
+        reports that pass are then recorded one by one, before the Open's own checks: a true
+        report recorded by an Open refused later (say, for a table owned elsewhere) is
+        harmless and idempotent.
         """
         if not reports:
             return
@@ -74,6 +79,7 @@ class Applying(CoreState):
                 if table in versions:
                     raise InvalidArgument(f"table {table} reported twice for transaction "
                                           f"{txn_id}")
+                validation.check_non_negative("delta_version", version)
                 versions[table] = version
             carried[txn_id] = versions
         with self._lock:
@@ -87,32 +93,65 @@ class Applying(CoreState):
                         f"an Open of pipeline {pipeline_id!r} carries the applied report of "
                         f"transaction {txn_id}, which belongs to pipeline {txn.pipeline_id!r}; "
                         "an Open carries only its own pipeline's reports (send ReportApplied)")
+        canonical = {txn_id: {self._canonical(t): v for t, v in versions.items()}
+                     for txn_id, versions in carried.items()}
+        unverified: list[tuple[TxnRecord, str, int]] = []
+        with self._lock:
+            for txn_id in carried:
+                txn = self._get(txn_id)
+                if txn.state == TxnState.COMMITTED:
+                    unverified.extend((txn, table, version)
+                                      for table, version in canonical[txn_id].items()
+                                      if table in txn.tables and not txn.tables[table].applied)
+        # Every report's log entries at once (one round trip on an object store, however many
+        # reports and tables), then each report recorded in order as ReportApplied records it;
+        # a report that failed its check refuses the Open there, as it did when each report
+        # was verified on its own (the ones before it stay recorded: true and idempotent).
+        outcomes = self._applied_outcomes(unverified)
         for txn_id, versions in carried.items():
-            self.report_applied(txn_id, epoch, versions)
+            own = [(table, version, outcome) for (txn, table, version), outcome
+                   in zip(unverified, outcomes, strict=True) if txn.txn_id == txn_id]
+            for table, version, outcome in own:
+                if outcome is not True:
+                    self._refuse_applied(txn_id, table, version, outcome)
+            self.report_applied(txn_id, epoch, versions, verified=[table for table, _, _ in own])
 
     def _verify_applied(self, txn: TxnRecord, versions: dict[str, int]) -> None:
         """Refuses a reported version whose Delta commit is not this transaction's own."""
-        if self._applied_check is None:
-            return
-        app_id = delta_app_id(txn.pipeline_id, txn.generation)
+        items = [(txn, table, version) for table, version in versions.items()]
+        for (_, table, version), outcome in zip(items, self._applied_outcomes(items),
+                                                strict=True):
+            if outcome is not True:
+                self._refuse_applied(txn.txn_id, table, version, outcome)
+
+    def _applied_outcomes(self, items: Sequence[tuple[TxnRecord, str, int]]
+                          ) -> list[bool | Exception]:
+        """For each (transaction, table, reported version): whether that version's Delta
+        commit is the transaction's own (one log entry read each; on an object store all of
+        them side by side), or the error that kept it from being read."""
         check = self._applied_check
+        if check is None:
+            return [True] * len(items)
 
-        def is_own(item: tuple[str, int]) -> bool:
-            return check(item[0], item[1], txn.txn_id, app_id, txn.batch_id)
+        def is_own(item: tuple[TxnRecord, str, int]) -> bool:
+            txn, table, version = item
+            return check(table, version, txn.txn_id,
+                         delta_app_id(txn.pipeline_id, txn.generation), txn.batch_id)
 
-        items = list(versions.items())
-        remote = sum(is_object_store(table) for table, _ in items)
-        # one log entry read per table: on an object store, the tables side by side
-        outcomes = in_parallel(is_own, items, len(items) if remote > 1 else 1,
-                               "percolake-verify")
-        for (table, version), own in zip(items, outcomes, strict=True):
-            if isinstance(own, Exception):
-                raise own
-            if not own:
-                raise FailedPrecondition(
-                    f"Delta version {version} of {table} is not transaction {txn.txn_id}'s "
-                    f"commit (its log entry must name the transaction and carry app "
-                    f"transaction {app_id} version {txn.batch_id}); nothing was recorded")
+        remote = sum(is_object_store(table) for _, table, _ in items)
+        return in_parallel(is_own, items, len(items) if remote > 1 else 1, "percolake-verify")
+
+    def _refuse_applied(self, txn_id: str, table: str, version: int,
+                        outcome: bool | Exception) -> None:
+        if isinstance(outcome, Exception):
+            raise outcome
+        with self._lock:
+            txn = self._get(txn_id)
+        raise FailedPrecondition(
+            f"Delta version {version} of {table} is not transaction {txn_id}'s commit (its "
+            f"log entry must name the transaction and carry app transaction "
+            f"{delta_app_id(txn.pipeline_id, txn.generation)} version {txn.batch_id}); "
+            "nothing was recorded")
 
     @metrics.counted_roll_forward
     def _roll_forward(self, txn_id: str, table: str, deadline: float,

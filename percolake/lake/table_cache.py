@@ -116,6 +116,13 @@ def summarise(file_id: FileId, content: bytes) -> LogEntry:
                     b'"metaData"' in content or b'"protocol"' in content, readable)
 
 
+def names_commit(found: LogEntry | None, txn_id: str, app_id: str, app_version: int) -> bool:
+    """Whether a log entry is this transaction's secondary: its commitInfo names ``txn_id``
+    and it carries the app transaction ``(app_id, app_version)``."""
+    return (found is not None and found.readable and found.txn_id == txn_id
+            and (app_id, app_version) in found.app_transactions)
+
+
 def _local_id(info: os.stat_result) -> FileId:
     return info.st_ino, info.st_mtime_ns, info.st_size
 
@@ -194,8 +201,7 @@ class LogEntries:
                 raise
             del exc  # unreadable: not a commit we can vouch for
             return False
-        return (found is not None and found.readable and found.txn_id == txn_id
-                and (app_id, app_version) in found.app_transactions)
+        return names_commit(found, txn_id, app_id, app_version)
 
     def _get(self, key: tuple[str, int]) -> LogEntry | None:
         with self._lock:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -66,7 +67,7 @@ from percolake.lake.schema_evolution import (
     merged_schema,
     timestamp_ntz_problem,
 )
-from percolake.lake.table_cache import FileId, LogEntries
+from percolake.lake.table_cache import FileId, LogEntries, LogEntry, names_commit
 from percolake.lake.table_features import refusal
 from percolake.lake.warehouse import (
     ATTEMPT_DIR,
@@ -99,6 +100,29 @@ class LayoutCache:
     def __init__(self, entries: LogEntries | None = None) -> None:
         self.entries = entries or LogEntries()
         self._entries: dict[str, tuple[TableLayout, FileId]] = {}
+        # object store: table -> the entry of the version after its cached layout's, read
+        # (by an applied report's check) while that layout was cached
+        self._successors: dict[str, tuple[int, LogEntry]] = {}
+        # object store: (table, version) -> the read of that entry under way for a report's
+        # check, which a concurrent check of the same entry waits for instead of reading
+        self._reading: dict[tuple[str, int], Future[LogEntry | None]] = {}
+        self._lock = threading.Lock()
+
+    def is_commit_of(self, table: str, version: int, txn_id: str, app_id: str,
+                     app_version: int) -> bool:
+        """``LogEntries.is_commit_of`` (an applied report's check). On an object store the
+        entry read, if it is the one after the cached layout's version, is kept for the
+        table's next lookup, which then does not read it again: that lookup still reads the
+        cached version's entry, and finding it unchanged says the log is the one both were
+        read from (a table deleted and created again has another entry there)."""
+        if not is_object_store(table):
+            return self.entries.is_commit_of(table, version, txn_id, app_id, app_version)
+        cached = self._entries.get(table)
+        found = self._shared_entry(table, version)
+        if found is not None and cached is not None and cached[0].version == version - 1 \
+                and self._entries.get(table) is cached:  # cached before the read, still
+            self._successors[table] = (version, found)
+        return names_commit(found, txn_id, app_id, app_version)
 
     def get(self, table: str) -> TableLayout | None:
         """The table's current layout, None if it does not exist."""
@@ -118,16 +142,55 @@ class LayoutCache:
             self._entries[table] = (layout, file_id)
         return layout
 
+    def _shared_entry(self, table: str, version: int) -> LogEntry | None:
+        """``entries.entry`` of an object-store table; a check of an entry whose read is
+        already under way (a report sent in the background and the same report carried by
+        the next Open) takes that read's entry instead of reading it again. Only an entry
+        found is shared: a reported entry exists before either report is sent, so a read
+        that found none (or failed) is made again by the waiter."""
+        key = (table, version)
+        with self._lock:
+            under_way = self._reading.get(key)
+            if under_way is None:
+                mine: Future[LogEntry | None] = Future()
+                self._reading[key] = mine
+        if under_way is not None:
+            try:
+                found = under_way.result()
+            except Exception:  # noqa: BLE001 - the waiter reads for itself
+                found = None
+            return found if found is not None else self.entries.entry(table, version)
+        try:
+            found = self.entries.entry(table, version)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        else:
+            mine.set_result(found)
+            return found
+        finally:
+            with self._lock:
+                self._reading.pop(key, None)
+
     def _advance(self, table: str, layout: TableLayout, file_id: FileId
                  ) -> tuple[TableLayout, FileId] | None:
         """The cached layout moved to the newest version, None if the log must be loaded
         again. One stat per commit file looked at; on an object store one GET each, the
         cached version's and the next ``READ_AHEAD`` at once (one round trip when fewer
-        commits came since: usually one, the previous batch's own)."""
+        commits came since: usually one, the previous batch's own), or, when an applied
+        report's check read the next one already (``is_commit_of``), the cached version's and
+        the one after the known one."""
         ahead = READ_AHEAD if is_object_store(table) else 1  # a stat each is cheap locally
+        successor = self._successors.pop(table, None)
         try:
             version = layout.version
-            base, *found = self.entries.entries(table, range(version, version + 1 + ahead))
+            if successor is not None and successor[0] == version + 1:
+                # the next entry is known (an applied report read it): the cached one and
+                # the one after the known one, at once
+                base, after = self.entries.entries(table, [version, version + 2])
+                found = [successor[1], after]
+            else:
+                base, *found = self.entries.entries(table, range(version, version + 1 + ahead))
             if base is None or base.file_id != file_id:
                 return None
             while True:
