@@ -241,7 +241,7 @@ def test_schema_1_is_migrated_to_the_newest_in_one_transaction(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 9
+                            ).fetchone()[0] == 8
 
 
 def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
@@ -270,44 +270,18 @@ def test_schema_4_is_migrated_to_the_newest_keeping_its_records(pg_dsn):
         store.close()
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 9
-
-
-def test_schema_8_is_migrated_moving_each_intent_out_of_the_transaction_row(pg_dsn):
-    from tests.test_store_conformance import txn as txn_with_intent
-
-    wide = {"t1": txn_with_intent("t1", 10, TxnState.COMMITTED), "t2": txn_with_intent("t2", 20)}
-    del wide["t2"].tables["file:///w/a"]  # declared only: no intent
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        assert migrate_postgres(conn, "test", POSTGRES_MIGRATIONS[:8]) == 8
-        for record in wide.values():  # schema 8's row: the intents inside the tables column
-            row = record.to_row()
-            conn.execute(f"INSERT INTO transactions ({', '.join(row)}) "
-                         f"VALUES ({', '.join(['%s'] * len(row))})", tuple(row.values()))
-    store = PostgresStore(pg_dsn)
-    try:
-        for txn_id, record in wide.items():
-            assert store.get_txn(txn_id) == record
-        assert [t.txn_id for t in store.unfinished_txns()] == ["t1", "t2"]
-    finally:
-        store.close()
-    with psycopg.connect(pg_dsn) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                            ).fetchone()[0] == 9
-        assert conn.execute("SELECT txn_id FROM txn_writes").fetchall() == [("t1",)]
-        assert not any("add_files" in tables for (tables,) in conn.execute(
-            "SELECT tables FROM transactions"))
+                            ).fetchone()[0] == 8
 
 
 def test_a_newer_schema_is_refused(pg_dsn):
     PostgresStore(pg_dsn).close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE meta SET value = 10 WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = 9 WHERE key = 'schema_version'")
     with pytest.raises(StoreSchemaError) as refused:
         PostgresStore(pg_dsn)
     assert str(refused.value) == (
         f"the store at 127.0.0.1:{urllib.parse.urlsplit(pg_dsn).port}/{dbname(pg_dsn)} has "
-        "schema 10; this coordinator knows up to 9: upgrade the coordinator")
+        "schema 9; this coordinator knows up to 8: upgrade the coordinator")
 
 
 def test_a_connection_cut_mid_batch_is_unavailable_then_reconnects(postgres_server, pg_dsn):

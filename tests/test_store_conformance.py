@@ -183,9 +183,9 @@ def test_sqlite_store_survives_reopen(tmp_path):
 
 def test_sqlite_store_refuses_a_newer_schema(tmp_path):
     store = SqliteStore(tmp_path)
-    store._conn.execute("UPDATE meta SET value = 10 WHERE key = 'schema_version'")
+    store._conn.execute("UPDATE meta SET value = 9 WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(StoreSchemaError, match="has schema 10; this coordinator knows up to 9: "
+    with pytest.raises(StoreSchemaError, match="has schema 9; this coordinator knows up to 8: "
                                                "upgrade the coordinator"):
         SqliteStore(tmp_path)
 
@@ -304,7 +304,7 @@ def test_sqlite_schema_1_is_migrated_to_the_newest_keeping_its_records(tmp_path)
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 9
+                                   ).fetchone()[0] == 8
         assert store.get_txn("t1") == txn()  # principal "": opened without authentication
         assert store.load_tokens() == [] and store.load_acl() == []
         assert store.load_table_writers() == [] and store.load_read_edges() == []
@@ -626,7 +626,7 @@ def test_sqlite_schema_4_is_migrated_to_the_newest_keeping_its_records(tmp_path)
     store = SqliteStore(tmp_path)
     try:
         assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 9
+                                   ).fetchone()[0] == 8
         assert store.get_txn("t1") == txn()  # no input barrier, no source offsets
         pipeline = store.load_pipelines()[0]
         assert (pipeline.generation, pipeline.start_barrier, pipeline.plan_generation,
@@ -704,75 +704,3 @@ def test_quarantine_records_are_kept_replaced_by_table_and_transaction_and_order
     store.put_quarantine(chosen)  # the operator's choice replaces the record, never adds one
     assert store.load_quarantines() == [other, chosen, later]
     assert [q.active for q in store.load_quarantines()] == [True, False, True]
-
-
-def _sqlite_at_schema(tmp_path, version):
-    """A SQLite database built by the migrations up to ``version`` (what that release wrote)."""
-    import sqlite3
-
-    from coordinator.store.schema import SQLITE_MIGRATIONS
-    from coordinator.store.sqlite import _SCHEMA
-
-    conn = sqlite3.connect(tmp_path / "coordinator.db")
-    conn.executescript(_SCHEMA)
-    for migration in SQLITE_MIGRATIONS:
-        if migration.version <= version:
-            for statement in migration.statements:
-                conn.execute(statement)
-    conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (version,))
-    return conn
-
-
-def test_sqlite_schema_8_is_migrated_moving_each_intent_out_of_the_transaction_row(tmp_path):
-    conn = _sqlite_at_schema(tmp_path, 8)
-    wide = {"t1": txn("t1", 10, TxnState.COMMITTED), "t2": txn("t2", 20, TxnState.APPLIED),
-            "t3": txn("t3", 30)}
-    wide["t2"].tables["file:///w/a"].delta_version = 4
-    del wide["t3"].tables["file:///w/a"]  # declared only: no intent
-    for record in wide.values():  # schema 8's row: the intents inside the tables column
-        row = record.to_row()
-        conn.execute(f"INSERT INTO transactions ({', '.join(row)}) "
-                     f"VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
-    conn.commit()
-    conn.close()
-    store = SqliteStore(tmp_path)
-    try:
-        assert store._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                   ).fetchone()[0] == 9
-        for txn_id, record in wide.items():
-            assert store.get_txn(txn_id) == record
-        assert [r[0] for r in store._conn.execute(
-            "SELECT txn_id FROM txn_writes ORDER BY txn_id")] == ["t1", "t2"]
-        assert not any("add_files" in tables for (tables,) in store._conn.execute(
-            "SELECT tables FROM transactions"))
-        assert [t.txn_id for t in store.unfinished_txns()] == ["t1", "t3"]
-    finally:
-        store.close()
-
-
-def test_a_transition_rewrites_the_narrow_row_and_writes_each_intent_once(tmp_path):
-    store = SqliteStore(tmp_path)
-    try:
-        record = txn()
-        store.insert_txn(record)
-        written = store._conn.execute("SELECT write FROM txn_writes").fetchall()
-        assert [w for (w,) in written] == [record.tables["file:///w/a"].write.json_text]
-        changes = store._conn.total_changes
-        record.state = TxnState.COMMITTED
-        store.update_txn(record)
-        assert store._conn.total_changes - changes == 1  # the row; the intent left as it was
-        (tables,) = store._conn.execute("SELECT tables FROM transactions").fetchone()
-        assert "add_files" not in tables and '"write":null' in tables
-        assert store.get_txn("t1") == record
-    finally:
-        store.close()
-
-
-def test_prune_deletes_a_transactions_intents_with_it(store):
-    for txn_id, ts, batch in (("a", 10, 1), ("b", 20, 2)):
-        store.insert_txn(txn(txn_id, ts, TxnState.APPLIED, batch=batch, created=1000))
-    assert store.prune(cutoff_ms=5000, floor_ts=0, limit=10) == (1, 0)
-    again = txn("a", 30, batch=3, created=9000)  # the id is free again, its intents too
-    again.tables["file:///w/a"].write = None
-    store.insert_txn(again)
-    assert store.get_txn("a") == again

@@ -53,28 +53,19 @@ from coordinator.store.base import (
 from coordinator.store.schema import (
     PIPELINE_COLUMNS,
     QUARANTINE_COLUMNS,
-    SELECT_TXN_POSTGRES,
+    SELECT_TXN,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
-    intent_rows,
     key_column,
     live_clauses,
     migrate_postgres,
-    narrow_txn_row,
     quarantine_from_row,
     quarantine_values,
-    txn_from_row,
 )
 from percolake.errors import NotLeader, StoreConflict, StoreUnavailable
 from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 
 T = TypeVar("T")
-
-# Each table's write intent, written once: an update with the same text changes nothing.
-_PUT_INTENTS = ("INSERT INTO txn_writes (txn_id, table_uri, write) "
-                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) "
-                "ON CONFLICT (txn_id, table_uri) DO UPDATE SET write = EXCLUDED.write "
-                "WHERE txn_writes.write IS DISTINCT FROM EXCLUDED.write")
 
 _UNFINISHED = ", ".join(f"'{s.value}'" for s in UNFINISHED_STATES)
 _BEGIN_FENCED = "BEGIN; SELECT epoch FROM leader_lease WHERE id = 1 FOR KEY SHARE"
@@ -395,12 +386,10 @@ class PostgresStore(Store):
                               f"pipeline {record.pipeline_id}")
 
     def _compare_and_set(self, table: str, key: str, columns: Sequence[str],
-                         record: PipelineRecord | TxnRecord, what: str,
-                         row: dict | None = None) -> None:
-        """Writes every column of ``row`` (default: ``record``'s) if the record's row_version
-        is still the one read, and bumps it; StoreConflict (re-read, retry) when another write
-        came first."""
-        row = record.to_row() if row is None else row
+                         record: PipelineRecord | TxnRecord, what: str) -> None:
+        """Writes every column of ``record`` if its row_version is still the one read, and
+        bumps it; StoreConflict (re-read, retry) when another write came first."""
+        row = record.to_row()
         sets = ", ".join(f"{c} = %({c})s" for c in columns if c != key)
         row["row_version"] = record.row_version + 1
         row["expected"] = record.row_version
@@ -413,31 +402,21 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ transactions
 
     def insert_txn(self, record: TxnRecord) -> None:
-        with self.batch():
-            count = self._write(
-                f"INSERT INTO transactions ({', '.join(TXN_COLUMNS)}) "
-                f"VALUES ({', '.join(f'%({c})s' for c in TXN_COLUMNS)}) ON CONFLICT DO NOTHING",
-                narrow_txn_row(record))
-            if count != 1:
-                raise StoreConflict(f"transaction {record.txn_id} exists (or its start_ts "
-                                    f"{record.start_ts} is taken)")
-            self._put_intents(record)
+        count = self._write(
+            f"INSERT INTO transactions ({', '.join(TXN_COLUMNS)}) "
+            f"VALUES ({', '.join(f'%({c})s' for c in TXN_COLUMNS)}) ON CONFLICT DO NOTHING",
+            record.to_row())
+        if count != 1:
+            raise StoreConflict(f"transaction {record.txn_id} exists (or its start_ts "
+                                f"{record.start_ts} is taken)")
 
     def update_txn(self, record: TxnRecord) -> None:
-        """Rewrites the narrow row; of the intents, only a table's first is written."""
-        with self.batch():
-            self._compare_and_set("transactions", "txn_id", TXN_COLUMNS, record,
-                                  f"transaction {record.txn_id}", narrow_txn_row(record))
-            self._put_intents(record)
-
-    def _put_intents(self, record: TxnRecord) -> None:
-        rows = intent_rows(record.txn_id, record.tables.values())
-        if rows:
-            self._write(_PUT_INTENTS, tuple(list(column) for column in zip(*rows, strict=True)))
+        self._compare_and_set("transactions", "txn_id", TXN_COLUMNS, record,
+                              f"transaction {record.txn_id}")
 
     def _txns(self, where: str, params: Sequence = (), tail: str = "") -> list[TxnRecord]:
-        rows = self._read(f"{SELECT_TXN_POSTGRES} WHERE {where} {tail}", params, dicts=True)
-        return [txn_from_row(r) for r in rows]
+        rows = self._read(f"{SELECT_TXN} WHERE {where} {tail}", params, dicts=True)
+        return [TxnRecord.from_row(r) for r in rows]
 
     def get_txn(self, txn_id: str) -> TxnRecord | None:
         found = self._txns("txn_id = %s", (txn_id,))
@@ -621,7 +600,6 @@ class PostgresStore(Store):
             doomed = self._prunable_txns(cutoff_ms, limit, keep)
             if doomed:
                 self._write("DELETE FROM transactions WHERE txn_id = ANY(%s)", (doomed,))
-                self._write("DELETE FROM txn_writes WHERE txn_id = ANY(%s)", (doomed,))
             index_rows = 0
             for (table,) in self._read(_TABLES_INDEXED):
                 if index_rows >= limit:

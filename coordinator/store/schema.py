@@ -8,22 +8,19 @@ pipeline, the tables each pipeline reads), version 5 the input barriers (of tran
 snapshot-index rows), source offsets, the pipelines' input starts and remembered plans, and the
 snapshot leases, version 6 the snapshot-index rows a revision superseded and its restore rows,
 version 7 the timestamp from which each read edge counts (a lineage transition), version 8 the
-quarantined tables (docs/row-level-writes.md), version 9 the write intents in a table of their
-own (``txn_writes``, one row per transaction and table, written once), so a state transition
-rewrites only the transaction's narrow row; SQLite's goes from 1 to 3 to 4 to 5 to 6 to 7 to 8
-to 9. A migration may move data (``Migration.move``), in the same database transaction. Two
-processes creating or migrating the same database at once take turns on an advisory lock.
+quarantined tables (docs/row-level-writes.md); SQLite's goes
+from 1 to 3 to 4 to 5 to 6 to 7 to 8. Two processes
+creating or migrating the same database at once take turns on an advisory lock.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coordinator.store.base import StoreSchemaError
-from percolake.records import QuarantineRecord, TableEntry, TableWriteRecord, TxnRecord
+from percolake.records import QuarantineRecord
 
 if TYPE_CHECKING:  # psycopg is loaded only by the PostgreSQL store
     import psycopg
@@ -40,70 +37,7 @@ PIPELINE_COLUMNS = (
 )
 TABLE_COMMIT_COLUMNS = (
     "table_uri, commit_ts, txn_id, delta_version, input_barrier, superseded_ts, restore")
-# A transaction's row with its write intents beside it (one JSON text each, from txn_writes).
-SELECT_TXN_SQLITE = (f"SELECT {', '.join(TXN_COLUMNS)}, (SELECT json_group_array(w.write) "
-                     "FROM txn_writes AS w WHERE w.txn_id = transactions.txn_id) AS writes "
-                     "FROM transactions")
-SELECT_TXN_POSTGRES = (f"SELECT {', '.join(TXN_COLUMNS)}, ARRAY(SELECT w.write FROM txn_writes "
-                       "AS w WHERE w.txn_id = transactions.txn_id) AS writes FROM transactions")
-
-
-def narrow_txn_row(record: TxnRecord) -> dict[str, Any]:
-    """The transaction's row without its write intents (each entry's ``write`` null): what
-    every state transition rewrites. The intents live in ``txn_writes`` (``intent_rows``)."""
-    row = {name: getattr(record, name) for name in TXN_COLUMNS
-           if name not in ("state", "tables")}
-    row["state"] = record.state.value
-    row["tables"] = narrow_tables_json(record.tables.values())
-    return row
-
-
-def narrow_tables_json(entries: Iterable[TableEntry]) -> str:
-    """The ``tables`` column of a narrow row: each entry with its ``write`` null."""
-    return "[" + ",".join(
-        TableEntry(e.table, e.write_location, None, e.delta_version, e.abandoned).json_text()
-        for e in entries) + "]"
-
-
-def intent_rows(txn_id: str, entries: Iterable[TableEntry]) -> list[tuple[str, str, str]]:
-    """(txn_id, table, the write's JSON text) of each prewritten table of the transaction."""
-    return [(txn_id, e.table, e.write.json_text) for e in entries if e.write is not None]
-
-
-def txn_from_row(row: dict[str, Any]) -> TxnRecord:
-    """A transaction read with ``SELECT_TXN_*``: its narrow row, its intents put back."""
-    values = dict(row)
-    writes = values.pop("writes")
-    record = TxnRecord.from_row(values)
-    for text in json.loads(writes) if isinstance(writes, str) else writes or ():
-        write = TableWriteRecord.from_json(json.loads(text))
-        write.__dict__["_json_text"] = text  # the stored text is the write's own encoding
-        entry = record.tables.get(write.table)
-        if entry is not None:
-            entry.write = write
-    return record
-
-
-def move_intents_out(conn: Any, placeholder: str, page: int = 500) -> None:
-    """Schema 9's data move: each transaction row that still holds write intents gives them to
-    ``txn_writes`` and keeps its narrow row. ``conn`` is a DB-API connection whose ``execute``
-    returns a cursor (sqlite3 or psycopg) and ``placeholder`` its parameter marker."""
-    p = placeholder
-    after = ""
-    while True:
-        rows = conn.execute(
-            f"SELECT txn_id, tables FROM transactions WHERE txn_id > {p} AND tables LIKE {p} "
-            f"ORDER BY txn_id LIMIT {int(page)}", (after, '%"write":{%')).fetchall()
-        if not rows:
-            return
-        for txn_id, tables in rows:
-            entries = [TableEntry.from_json(t) for t in json.loads(tables)]
-            for values in intent_rows(txn_id, entries):
-                conn.execute(f"INSERT INTO txn_writes (txn_id, table_uri, write) "
-                             f"VALUES ({p}, {p}, {p})", values)
-            conn.execute(f"UPDATE transactions SET tables = {p} WHERE txn_id = {p}",
-                         (narrow_tables_json(entries), txn_id))
-        after = rows[-1][0]
+SELECT_TXN = f"SELECT {', '.join(TXN_COLUMNS)} FROM transactions"
 
 def key_column(by_input_barrier: bool) -> str:
     """The SQL expression of ``TableCommit.barrier``: keyed by input barrier, a row without
@@ -135,9 +69,6 @@ MIGRATION_LOCK = 0x7065_7263_6F6C_616B  # "percolak": pg_advisory_xact_lock key 
 class Migration:
     version: int
     statements: tuple[str, ...]
-    # data to move after the statements, in the same transaction: called with the connection
-    # and its parameter marker ("?" or "%s")
-    move: Callable[[Any, str], None] | None = None
 
 
 def refuse_newer(where: str, found: int, known: int) -> None:
@@ -284,14 +215,6 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
             delta_version BIGINT NOT NULL,
             PRIMARY KEY (table_uri, txn_id))""",
     )),
-    Migration(9, (
-        # Each table's write intent once, beside the transaction's narrow row.
-        """CREATE TABLE txn_writes (
-            txn_id TEXT COLLATE "C" NOT NULL,
-            table_uri TEXT COLLATE "C" NOT NULL,
-            write TEXT NOT NULL,
-            PRIMARY KEY (txn_id, table_uri))""",
-    ), move_intents_out),
 )
 
 # SQLite's schema: version 1 holds the records; version 2 (PostgreSQL's leader lease) has no
@@ -373,13 +296,6 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
             delta_version INTEGER NOT NULL,
             PRIMARY KEY (table_uri, txn_id))""",
     )),
-    Migration(9, (
-        """CREATE TABLE txn_writes (
-            txn_id TEXT NOT NULL,
-            table_uri TEXT NOT NULL,
-            write TEXT NOT NULL,
-            PRIMARY KEY (txn_id, table_uri))""",
-    ), move_intents_out),
 )
 
 
@@ -407,8 +323,6 @@ def migrate_postgres(conn: psycopg.Connection, where: str,
                 continue
             for statement in migration.statements:
                 conn.execute(statement)
-            if migration.move is not None:
-                migration.move(conn, "%s")
             conn.execute("INSERT INTO meta VALUES ('schema_version', %s) ON CONFLICT (key) "
                          "DO UPDATE SET value = excluded.value", (migration.version,))
     return max(found, known)

@@ -44,26 +44,18 @@ from coordinator.store.base import (
 from coordinator.store.schema import (
     PIPELINE_COLUMNS,
     QUARANTINE_COLUMNS,
-    SELECT_TXN_SQLITE,
+    SELECT_TXN,
     SQLITE_MIGRATIONS,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
-    intent_rows,
     key_column,
     live_clauses,
-    narrow_txn_row,
     quarantine_from_row,
     quarantine_values,
     refuse_newer,
-    txn_from_row,
 )
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
-
-# Each table's write intent, written once: an update with the same text changes nothing.
-_PUT_INTENT = ("INSERT INTO txn_writes (txn_id, table_uri, write) VALUES (?, ?, ?) "
-               "ON CONFLICT (txn_id, table_uri) DO UPDATE SET write = excluded.write "
-               "WHERE write != excluded.write")
 
 SCHEMA_VERSION = SQLITE_MIGRATIONS[-1].version
 log = logging.getLogger("percolake.store")
@@ -160,8 +152,6 @@ class SqliteStore(Store):
                 if migration.version > found:
                     for statement in migration.statements:
                         self._conn.execute(statement)
-                    if migration.move is not None:
-                        migration.move(self._conn, "?")
             self._conn.execute("INSERT INTO meta VALUES ('schema_version', ?) "
                                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                                (max(found, SCHEMA_VERSION),))
@@ -362,36 +352,31 @@ class SqliteStore(Store):
         record.row_version += 1
 
     def insert_txn(self, record: TxnRecord) -> None:
-        with self._lock, self.batch():
-            try:
-                self._conn.execute(
-                    f"INSERT INTO transactions ({', '.join(TXN_COLUMNS)}) "
-                    f"VALUES ({', '.join(':' + c for c in TXN_COLUMNS)})",
-                    narrow_txn_row(record))
-            except sqlite3.IntegrityError as exc:
-                raise StoreConflict(f"transaction {record.txn_id} exists: {exc}") from exc
-            self._conn.executemany(_PUT_INTENT, intent_rows(record.txn_id,
-                                                            record.tables.values()))
+        try:
+            self._write(
+                f"INSERT INTO transactions ({', '.join(TXN_COLUMNS)}) "
+                f"VALUES ({', '.join(':' + c for c in TXN_COLUMNS)})",
+                record.to_row(),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreConflict(f"transaction {record.txn_id} exists: {exc}") from exc
 
     def update_txn(self, record: TxnRecord) -> None:
-        """Rewrites the narrow row; of the intents, only a table's first is written."""
-        row = narrow_txn_row(record)
+        row = record.to_row()
         sets = ", ".join(f"{c} = :{c}" for c in TXN_COLUMNS if c != "txn_id")
         row["row_version"] = record.row_version + 1
         row["expected"] = record.row_version
-        with self._lock, self.batch():
-            count = self._conn.execute(
-                f"UPDATE transactions SET {sets} WHERE txn_id = :txn_id "
-                "AND row_version = :expected", row).rowcount
-            if count != 1:
-                raise StoreConflict(f"transaction {record.txn_id} changed underneath")
-            self._conn.executemany(_PUT_INTENT, intent_rows(record.txn_id,
-                                                            record.tables.values()))
+        count = self._write(
+            f"UPDATE transactions SET {sets} WHERE txn_id = :txn_id AND row_version = :expected",
+            row,
+        )
+        if count != 1:
+            raise StoreConflict(f"transaction {record.txn_id} changed underneath")
         record.row_version += 1
 
     def _txns(self, where: str, params: tuple | dict = (), tail: str = "") -> list[TxnRecord]:
-        rows = self._read(f"{SELECT_TXN_SQLITE} WHERE {where} {tail}", params)
-        return [txn_from_row(dict(r)) for r in rows]
+        rows = self._read(f"{SELECT_TXN} WHERE {where} {tail}", params)
+        return [TxnRecord.from_row(dict(r)) for r in rows]
 
     def get_txn(self, txn_id: str) -> TxnRecord | None:
         found = self._txns("txn_id = ?", (txn_id,))
@@ -607,8 +592,6 @@ class SqliteStore(Store):
         with self._lock, self.batch():
             doomed = self._prunable_txns(cutoff_ms, limit, keep)
             self._conn.executemany("DELETE FROM transactions WHERE txn_id = ?",
-                                   [(t,) for t in doomed])
-            self._conn.executemany("DELETE FROM txn_writes WHERE txn_id = ?",
                                    [(t,) for t in doomed])
             index_rows = 0
             for table in self._tables_indexed():
