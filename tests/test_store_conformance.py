@@ -170,6 +170,8 @@ def test_timestamp_high_water_round_trips(store):
     assert store.read_timestamp_high_water() == 0
     store.write_timestamp_high_water(99)
     assert store.read_timestamp_high_water() == 99
+    store.write_timestamp_high_water(42)  # an older mark finishing late never lowers it
+    assert store.read_timestamp_high_water() == 99
 
 
 def test_sqlite_store_survives_reopen(tmp_path):

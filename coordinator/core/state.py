@@ -164,6 +164,7 @@ class CoreState:
             self._changed.notify_all()  # requests waiting for a table hold give up (NotLeader)
         if self._resolver is not None:
             self._resolver.join(timeout=30)
+        self.oracle.close()  # its mark extension ends before the store closes
 
     def get_transaction(self, txn_id: str) -> TxnRecord:
         validation.check_id("txn_id", txn_id)

@@ -204,7 +204,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def write_timestamp_high_water(self, value: int) -> None:
-        """Durably records that no timestamp at or above ``value`` was handed out."""
+        """Durably records that no timestamp at or above ``value`` was handed out; a mark only
+        rises (a lower ``value`` than the stored one changes nothing), so concurrent writers
+        finishing in any order leave the highest."""
 
     # pipelines
     @abc.abstractmethod

@@ -115,7 +115,7 @@ class MemoryStore(Store):
 
     def write_timestamp_high_water(self, value: int) -> None:
         with self._lock:
-            self._high_water = value
+            self._high_water = max(self._high_water, value)
 
     def load_pipelines(self) -> list[PipelineRecord]:
         with self._lock:

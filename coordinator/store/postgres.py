@@ -363,7 +363,8 @@ class PostgresStore(Store):
 
     def write_timestamp_high_water(self, value: int) -> None:
         self._write("INSERT INTO meta VALUES ('ts_high_water', %s) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (value,))
+                    "ON CONFLICT (key) DO UPDATE SET value = GREATEST(meta.value, excluded.value)",
+                    (value,))
 
     # ------------------------------------------------------------------ pipelines
 

@@ -312,14 +312,15 @@ class SqliteStore(Store):
         with self._lock:
             self._write(
                 "INSERT INTO meta VALUES ('ts_high_water', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                "ON CONFLICT(key) DO UPDATE SET value=max(value, excluded.value)",
                 (value,),
             )
-            if self._group_commit and not self._depth:
-                # The mark is durable before any timestamp under it is handed out, whatever
-                # the group holds (committing other pending batches early is harmless).
-                self._commit_group_or_stop()
-                self._sync_wal_or_stop()
+            in_batch = self._depth > 0
+        if self._group_commit and not in_batch:
+            # The mark is durable before any timestamp under it is handed out, whatever the
+            # group holds (committing other pending batches early is harmless); the fsync is
+            # made outside the lock, as every flush's.
+            self.flush()
 
     def load_pipelines(self) -> list[PipelineRecord]:
         rows = self._read(f"SELECT {', '.join(PIPELINE_COLUMNS)} FROM pipelines")
