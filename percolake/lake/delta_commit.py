@@ -76,7 +76,7 @@ from percolake.lake.table_features import (
     refusal,
     table_protocol,
 )
-from percolake.lake.version_checksum import write_checksum, write_first_checksum
+from percolake.lake.version_checksum import record_checksum
 from percolake.lake.warehouse import check_table_location, delta_uri, is_object_store, local_path
 from percolake.records import AddFileRecord, PartitionValues, TableWriteRecord, WriteMode
 
@@ -256,7 +256,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                     partition_by=list(write.partition_by) or None,
                     commit_properties=properties, storage_options=options or None,
                     post_commithook_properties=NO_POST_COMMIT_HOOK)
-                write_first_checksum(write.table, TXN_ID_KEY, txn_id)
+                record_checksum(write.table, 0, [], txn_id, first=TXN_ID_KEY)
                 return 0
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
@@ -323,7 +323,7 @@ def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: 
     if not put_entry(table_uri, version, entry):
         return False
     fail_point(f"after-{point}", batch)
-    write_checksum(table_uri, version, entry, entry[0]["commitInfo"].get(TXN_ID_KEY))
+    record_checksum(table_uri, version, entry, entry[0]["commitInfo"].get(TXN_ID_KEY))
     table.update_incremental()
     return True
 

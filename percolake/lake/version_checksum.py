@@ -11,7 +11,9 @@ entry alone. Without either, none is written: delta-spark tolerates a version wi
 
 The checksum is not part of the commit: written after the entry's put-if-absent succeeded,
 never overwriting one, and any failure to write it is logged and ignored (a crash before it
-leaves a valid table without one).
+leaves a valid table without one). On a local table that takes a fraction of a millisecond
+and is done at once; on an object store (a GET of the previous checksum and a PUT) it is done
+by a background thread, off the batch's path, in commit order.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import uuid
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from percolake.lake import storage
@@ -297,3 +301,37 @@ def write_first_checksum(table_uri: str, txn_key: str, txn_id: str) -> bool:
     if not any(a.get("commitInfo", {}).get(txn_key) == txn_id for a in actions):
         return False
     return write_checksum(table_uri, 0, actions, txn_id)
+
+
+_background: ThreadPoolExecutor | None = None
+_last: Future | None = None
+_lock = threading.Lock()
+
+
+def record_checksum(table_uri: str, version: int, actions: Sequence[Mapping[str, Any]],
+                    txn_id: str | None = None, *, first: str | None = None) -> None:
+    """``write_checksum`` (or with ``first``, the commitInfo key naming ``txn_id``,
+    ``write_first_checksum``): now on a local table, on the background thread on an object
+    store."""
+    def write() -> bool:
+        if first is not None:
+            return write_first_checksum(table_uri, first, txn_id or "")
+        return write_checksum(table_uri, version, actions, txn_id)
+
+    if not is_object_store(table_uri):
+        write()
+        return
+    global _background, _last
+    with _lock:
+        if _background is None:
+            _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="percolake-crc")
+        _last = _background.submit(write)
+
+
+def background_written(timeout_s: float = 30.0) -> None:
+    """Waits until the checksums handed to the background thread so far are written (or
+    given up)."""
+    with _lock:
+        last = _last
+    if last is not None:
+        last.result(timeout=timeout_s)
