@@ -18,6 +18,7 @@ from percolake.lake.version_checksum import (
     next_checksum,
     read_checksum,
     write_checksum,
+    write_checksum_of_commit,
 )
 from percolake.records import WriteMode
 from tests.test_write_check import data_file, intent, longs
@@ -205,13 +206,31 @@ def test_applies_write_checksums_that_count_the_tables_files(tmp_path: Path):
     assert crc["metadata"]["id"] == DeltaTable(str(root)).metadata().id
 
 
-def test_an_overwrite_through_delta_rs_breaks_the_chain(tmp_path: Path):
-    """delta-rs's commit writes no checksum, so the appends after it write none either."""
+def test_an_overwrite_committed_by_delta_rs_gets_its_checksum_from_its_entry(tmp_path: Path):
+    """delta-rs's commit (an overwrite: removes with their sizes) is read back and derived
+    from the previous checksum like an entry of ours; the appends after it go on from it."""
     root = tmp_path / "t"
-    for batch, mode in enumerate((WriteMode.APPEND, WriteMode.OVERWRITE, WriteMode.APPEND)):
-        write = intent(root, [data_file(root, f"t{batch}", longs(batch))], mode=mode)
+    modes = (WriteMode.APPEND, WriteMode.APPEND, WriteMode.OVERWRITE, WriteMode.APPEND)
+    for batch, mode in enumerate(modes):
+        write = intent(root, [data_file(root, f"t{batch}", longs(*range(batch + 1)))],
+                       mode=mode)
         apply_table_write(write, app_id="app", app_version=batch, txn_id=f"t{batch}",
                           commit_ts=batch)
-    assert read_checksum(f"file://{root}", 0) is not None
-    assert read_checksum(f"file://{root}", 1) is None
-    assert read_checksum(f"file://{root}", 2) is None
+    overwrite, after = read_checksum(f"file://{root}", 2), read_checksum(f"file://{root}", 3)
+    assert overwrite is not None and overwrite["txnId"] == "t2" and overwrite["numFiles"] == 1
+    files = pa.table(DeltaTable(str(root)).get_add_actions(flatten=True)).to_pydict()
+    assert after is not None
+    assert (after["numFiles"], after["tableSizeBytes"]) == (2, sum(files["size_bytes"]))
+
+
+def test_no_checksum_for_a_version_another_writer_committed(tmp_path: Path):
+    """The version read back names another transaction (it took the version first): its
+    state is not what this apply knows, so no checksum."""
+    root = tmp_path / "t"
+    apply_table_write(intent(root, [data_file(root, "t0", longs(1))]), app_id="app",
+                      app_version=0, txn_id="t0", commit_ts=0)
+    assert not write_checksum_of_commit(f"file://{root}", 0, "percolake.txn_id", "other")
+    (root / "_delta_log" / f"{0:020d}.crc").unlink()
+    assert not write_checksum_of_commit(f"file://{root}", 0, "percolake.txn_id", "other")
+    assert read_checksum(f"file://{root}", 0) is None
+    assert write_checksum_of_commit(f"file://{root}", 0, "percolake.txn_id", "t0")

@@ -287,20 +287,21 @@ def _put_if_absent(table_uri: str, version: int, data: bytes) -> bool:
     return True
 
 
-def write_first_checksum(table_uri: str, txn_key: str, txn_id: str) -> bool:
-    """The checksum of the version 0 just created for transaction ``txn_id``: its entry holds
-    the table's whole state. Only if that entry names ``txn_id`` under ``txn_key`` in its
-    commitInfo (another writer may have created the table first). Never raises."""
+def write_checksum_of_commit(table_uri: str, version: int, txn_key: str, txn_id: str) -> bool:
+    """The checksum of ``version``, a commit delta-rs just made for transaction ``txn_id`` (a
+    table's creation, an overwrite): its entry is read back, and used only if it names
+    ``txn_id`` under ``txn_key`` in its commitInfo (another writer may have taken the version).
+    Never raises."""
     try:
-        content = read_entry(table_uri, 0) or b""
+        content = read_entry(table_uri, version) or b""
         actions = [json.loads(line) for line in content.decode().splitlines() if line.strip()]
     except Exception as exc:  # noqa: BLE001 - the checksum is an optimisation, never the commit
         log.warning("no version checksum written", extra={
-            "table": table_uri, "version": 0, "error": str(exc)})
+            "table": table_uri, "version": version, "error": str(exc)})
         return False
     if not any(a.get("commitInfo", {}).get(txn_key) == txn_id for a in actions):
         return False
-    return write_checksum(table_uri, 0, actions, txn_id)
+    return write_checksum(table_uri, version, actions, txn_id)
 
 
 _background: ThreadPoolExecutor | None = None
@@ -309,13 +310,13 @@ _lock = threading.Lock()
 
 
 def record_checksum(table_uri: str, version: int, actions: Sequence[Mapping[str, Any]],
-                    txn_id: str | None = None, *, first: str | None = None) -> None:
-    """``write_checksum`` (or with ``first``, the commitInfo key naming ``txn_id``,
-    ``write_first_checksum``): now on a local table, on the background thread on an object
-    store."""
+                    txn_id: str | None = None, *, read_back: str | None = None) -> None:
+    """``write_checksum`` (or with ``read_back``, the commitInfo key naming ``txn_id``,
+    ``write_checksum_of_commit``): now on a local table, on the background thread on an
+    object store."""
     def write() -> bool:
-        if first is not None:
-            return write_first_checksum(table_uri, first, txn_id or "")
+        if read_back is not None:
+            return write_checksum_of_commit(table_uri, version, read_back, txn_id or "")
         return write_checksum(table_uri, version, actions, txn_id)
 
     if not is_object_store(table_uri):
