@@ -1,7 +1,8 @@
 """Version checksums (``<version>.crc``) of percolake's commits side by side with delta-spark's:
 an append and a MERGE on a delta-spark-made table with deletion vectors, each done by
-percolake on the table and by delta-spark on a copy; delta-spark's own checksum validation
-(the one its checkpoints and commits run, fatal on a mismatch) accepts percolake's."""
+percolake on the table and by delta-spark on a copy, and a table percolake creates and then
+overwrites (commits delta-rs makes); delta-spark's own checksum validation (the one its
+checkpoints and commits run, fatal on a mismatch) accepts percolake's."""
 
 from __future__ import annotations
 
@@ -98,3 +99,15 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
         json.dumps({**merged, "numFiles": merged["numFiles"] + 1}) + "\n")
     with pytest.raises(Py4JJavaError, match="Number of files"):
         validated(spark, broken, 3)
+
+    # a table percolake creates (delta-rs's version 0) and overwrites (delta-rs's commit)
+    made, reference = lake / "made", lake / "made-reference"
+    participant.run_batch(spark.range(1), 2, lambda df, b, txn: txn.write(appended, str(made)))
+    appended.write.format("delta").save(str(reference))
+    first = checksum(made, 0)
+    assert set(first) == set(checksum(reference, 0)) - {"allFiles"}
+    assert first["numFiles"] == checksum(reference, 0)["numFiles"] == 1
+    validated(spark, made, 0)
+    participant.run_batch(spark.range(1), 3, lambda df, b, txn: txn.write(
+        source, str(made), mode="overwrite"))
+    assert validated(spark, made, 1).numFiles() == checksum(made, 1)["numFiles"]
