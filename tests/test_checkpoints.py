@@ -187,6 +187,11 @@ def test_log_retention_durations_as_delta_writes_them():
         log_retention_ms({"delta.logRetentionDuration": "a while"})
 
 
+def log_files(versions: range) -> list[str]:
+    """The log entries of ``versions`` and their checksums, as log cleanup deletes them."""
+    return [f"{v:020d}.{kind}" for v in versions for kind in ("crc", "json")]
+
+
 def test_only_expired_entries_below_a_checkpoint_at_or_under_keep_from_go(tmp_path):
     table = tmp_path / "t"
     checkpointer = Checkpointer()
@@ -197,13 +202,12 @@ def test_only_expired_entries_below_a_checkpoint_at_or_under_keep_from_go(tmp_pa
     later = wall_ms() + 31 * DAY_MS
     assert expired_entries(uri, 24, 30 * DAY_MS) == []  # nothing is 30 days old yet
     assert expired_entries(uri, 9, 30 * DAY_MS, later) == []  # no checkpoint at or below 9
-    assert expired_entries(uri, 15, 30 * DAY_MS, later) == [f"{v:020d}.json" for v in range(10)]
+    assert expired_entries(uri, 15, 30 * DAY_MS, later) == log_files(range(10))
     gone = expired_entries(uri, 24, 30 * DAY_MS, later)
-    assert gone == sorted([f"{v:020d}.json" for v in range(20)]
-                          + [f"{10:020d}.checkpoint.parquet"])
+    assert gone == sorted(log_files(range(20)) + [f"{10:020d}.checkpoint.parquet"])
     # a recent entry stops the cleanup there: the log never gets a hole
     os.utime(table / "_delta_log" / f"{5:020d}.json", (later / 1000, later / 1000))
-    assert expired_entries(uri, 24, 30 * DAY_MS, later) == [f"{v:020d}.json" for v in range(5)]
+    assert expired_entries(uri, 24, 30 * DAY_MS, later) == log_files(range(5))
     checkpointer.close()
 
 
@@ -242,7 +246,7 @@ def test_log_cleanup_keeps_what_a_lease_and_the_time_travel_floor_read(core):
     prune_far_ahead(core)  # the floor stops at the lease
     assert core.log_keep_from(name) == 12
     deleted = core.clean_log(name, now_ms=later)
-    assert deleted == [f"{v:020d}.json" for v in range(10)]
+    assert deleted == log_files(range(10))
     assert not (log_dir / f"{9:020d}.json").exists()
     assert DeltaTable(str(table), version=12).to_pyarrow_table().num_rows == 13
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 25
@@ -252,7 +256,7 @@ def test_log_cleanup_keeps_what_a_lease_and_the_time_travel_floor_read(core):
     prune_far_ahead(core)
     assert core.log_keep_from(name) == 24
     assert core.clean_log(name, now_ms=later) == sorted(
-        [f"{v:020d}.json" for v in range(10, 20)] + [f"{10:020d}.checkpoint.parquet"])
+        log_files(range(10, 20)) + [f"{10:020d}.checkpoint.parquet"])
     assert DeltaTable(str(table), version=20).to_pyarrow_table().num_rows == 21
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 25
     assert core.get_snapshot([name]).versions == {name: 24}

@@ -30,6 +30,7 @@ from percolake.lake.delta_commit import (
     is_commit_of,
     open_table,
 )
+from percolake.lake.version_checksum import background_written, read_checksum
 from percolake.lake.warehouse import UnsafeLocation, write_location
 from percolake.lake.write_check import WriteChecker
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
@@ -67,6 +68,11 @@ def apply(write: TableWriteRecord, txn_id: str, batch: int, **kwargs) -> int:
                              commit_ts=batch + 1, **kwargs)
 
 
+def entries(moto_server, bucket: str) -> list[str]:  # noqa: ANN001
+    """The keys of the table's log entries (not its checksums or checkpoints)."""
+    return [k for k in moto_server.keys(bucket, "wh/t/_delta_log/") if k.endswith(".json")]
+
+
 @pytest.fixture
 def table(s3_env, s3_bucket) -> str:
     return f"s3://{s3_bucket}/wh/t"
@@ -84,8 +90,9 @@ def test_apply_creates_then_appends_and_is_idempotent(moto_server, table, s3_buc
     assert is_commit_of(table, 1, "t2", "percolake:p:g0", 1)
     assert not is_commit_of(table, 0, "t2", "percolake:p:g0", 1)
     assert not is_commit_of(table, 7, "t2", "percolake:p:g0", 1)  # no such version
-    log = moto_server.keys(s3_bucket, "wh/t/_delta_log/")
-    assert log == [f"wh/t/_delta_log/{v:020d}.json" for v in (0, 1)]
+    assert entries(moto_server, s3_bucket) == [f"wh/t/_delta_log/{v:020d}.json" for v in (0, 1)]
+    background_written()  # each version's checksum, written off the apply's path
+    assert [read_checksum(table, v)["numFiles"] for v in (0, 1)] == [1, 2]
 
 
 def test_concurrent_appliers_commit_each_write_exactly_once_on_s3(moto_server, table,
@@ -111,7 +118,7 @@ def test_concurrent_appliers_commit_each_write_exactly_once_on_s3(moto_server, t
             thread.join()
         assert not errors and versions == [batch] * 4
     assert rows(table) == [(0, "a"), (1, "a"), (2, "a")]
-    assert len(moto_server.keys(s3_bucket, "wh/t/_delta_log/")) == 3
+    assert len(entries(moto_server, s3_bucket)) == 3
 
 
 def test_overwrite_partitions_on_s3_removes_only_the_named_partition(moto_server, table):
@@ -342,8 +349,7 @@ def test_a_merge_schema_write_on_s3_commits_its_new_column_with_the_data_exactly
     for thread in threads:
         thread.join()
     assert versions == [1] * 4
-    assert moto_server.keys(s3_bucket, "wh/t/_delta_log/") == [
-        f"wh/t/_delta_log/{v:020d}.json" for v in (0, 1)]
+    assert entries(moto_server, s3_bucket) == [f"wh/t/_delta_log/{v:020d}.json" for v in (0, 1)]
     data = read_delta_table(table)
     assert sorted(zip(data.column("x").to_pylist(), data.column("note").to_pylist(),
                       strict=True)) == [(1, None), (2, "new")]
@@ -366,7 +372,9 @@ def test_checkpoints_their_hint_and_log_cleanup_on_s3(moto_server, table, s3_buc
     assert again.flush()
     assert last_checkpoint_version(table) == 10
     later = int(time.time() * 1000) + 31 * 24 * 3600 * 1000
-    assert clean_log(table, 11, {}, later) == [f"{v:020d}.json" for v in range(10)]
+    background_written()  # the checksums go with their entries
+    assert clean_log(table, 11, {}, later) == [f"{v:020d}.{kind}" for v in range(10)
+                                               for kind in ("crc", "json")]
     log = moto_server.keys(s3_bucket, "wh/t/_delta_log/")
     assert f"wh/t/_delta_log/{9:020d}.json" not in log
     assert len(rows(table)) == 12 and len(rows(table, 10)) == 11

@@ -76,6 +76,7 @@ from percolake.lake.table_features import (
     refusal,
     table_protocol,
 )
+from percolake.lake.version_checksum import record_checksum
 from percolake.lake.warehouse import check_table_location, delta_uri, is_object_store, local_path
 from percolake.records import AddFileRecord, PartitionValues, TableWriteRecord, WriteMode
 
@@ -255,6 +256,7 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                     partition_by=list(write.partition_by) or None,
                     commit_properties=properties, storage_options=options or None,
                     post_commithook_properties=NO_POST_COMMIT_HOOK)
+                record_checksum(write.table, 0, [], txn_id, read_back=TXN_ID_KEY)
                 return 0
             done = table.transaction_version(app_id)
             if done is not None and done >= app_version:
@@ -294,7 +296,9 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 partition_by=list(write.partition_by) or None, partition_filters=filters,
                 commit_properties=properties, post_commithook_properties=NO_POST_COMMIT_HOOK)
             table.update_incremental()
-            return _version_of(table, txn_id, app_id, app_version, write.table)
+            version = _version_of(table, txn_id, app_id, app_version, write.table)
+            record_checksum(write.table, version, [], txn_id, read_back=TXN_ID_KEY)
+            return version
         except (DeltaError, TableNotFoundError) as exc:
             if UNSUPPORTED_FEATURES in str(exc).lower():
                 raise _apply_refused(write.table, txn_id, f"delta-rs refuses it: {exc}") from None
@@ -326,8 +330,10 @@ def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: 
     if not put_entry(table_uri, version, entry):
         return False
     fail_point(f"after-{point}", batch)
+    record_checksum(table_uri, version, entry, entry[0]["commitInfo"].get(TXN_ID_KEY))
     table.update_incremental()
     return True
+
 
 
 def _lost_race_pause(table_uri: str, txn_id: str, attempt: int, error: str = "") -> None:

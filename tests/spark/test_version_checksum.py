@@ -1,0 +1,113 @@
+"""Version checksums (``<version>.crc``) of percolake's commits side by side with delta-spark's:
+an append and a MERGE on a delta-spark-made table with deletion vectors, each done by
+percolake on the table and by delta-spark on a copy, and a table percolake creates and then
+overwrites (commits delta-rs makes); delta-spark's own checksum validation (the one its
+checkpoints and commits run, fatal on a mismatch) accepts percolake's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
+from pyspark.sql import DataFrame, SparkSession
+
+from sparkside import Participant
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id long, value long, region string"
+
+
+def checksum(table: Path, version: int) -> dict:
+    return json.loads((table / "_delta_log" / f"{version:020d}.crc").read_text())
+
+
+def validated(spark: SparkSession, table: Path, version: int) -> object:
+    """delta-spark's snapshot of ``table`` at its newest version, read from its checksum and
+    validated against the state it reconstructs from the log (raises on a mismatch)."""
+    delta = spark._jvm.org.apache.spark.sql.delta
+    delta.DeltaLog.clearCache()
+    snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
+    assert snapshot.version() == version
+    assert snapshot.checksumOpt().isDefined(), "delta-spark read no checksum of the version"
+    assert snapshot.validateChecksum(getattr(snapshot, "validateChecksum$default$1")())
+    return snapshot.checksumOpt().get()
+
+
+def assert_like_delta_sparks(ours: dict, theirs: dict, *, same_files: bool) -> None:
+    """The same fields, the same table description; with ``same_files`` (both sides wrote the
+    same rows into one file each) the same counts, except sizes (two Parquet writers)."""
+    assert set(ours) == set(theirs) - {"allFiles"}, (set(ours), set(theirs))
+    for field in ("numMetadata", "numProtocol", "metadata", "protocol", "domainMetadata"):
+        assert ours[field] == theirs[field], field
+    assert ours["fileSizeHistogram"]["sortedBinBoundaries"] \
+        == theirs["fileSizeHistogram"]["sortedBinBoundaries"]
+    reference_apps = {t["appId"] for t in theirs["setTransactions"]}
+    assert [t for t in theirs["setTransactions"]] \
+        == [t for t in ours["setTransactions"] if t["appId"] in reference_apps]
+    assert len(ours["setTransactions"]) == len(theirs["setTransactions"]) + 1  # the pipeline's
+    if same_files:
+        for field in ("numFiles", "numDeletedRecordsOpt", "numDeletionVectorsOpt",
+                      "deletedRecordCountsHistogramOpt"):
+            assert ours[field] == theirs[field], field
+        assert ours["fileSizeHistogram"]["fileCounts"] \
+            == theirs["fileSizeHistogram"]["fileCounts"]
+
+
+def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    participant = Participant(lake_daemon.target, pipeline_id=f"crc-{lake.name}")
+    ours, theirs = lake / "crc", lake / "crc-reference"
+    (spark.createDataFrame([(i, i, "eu") for i in range(1, 7)], SCHEMA).coalesce(1)
+     .write.format("delta").option("delta.enableDeletionVectors", "true").save(str(ours)))
+    spark.sql(f"DELETE FROM delta.`{ours}` WHERE id = 3")  # version 1: a deletion vector
+    shutil.copytree(ours, theirs)
+    assert checksum(ours, 1)["numDeletionVectorsOpt"] == 1
+
+    appended = spark.createDataFrame([(7, 7, "us"), (8, 8, "us")], SCHEMA).coalesce(1)
+    participant.run_batch(spark.range(1), 0, lambda df, b, txn: txn.write(appended, str(ours)))
+    appended.write.format("delta").mode("append").save(str(theirs))
+    append = checksum(ours, 2)
+    assert_like_delta_sparks(append, checksum(theirs, 2), same_files=True)
+    assert validated(spark, ours, 2).numFiles() == 2
+
+    source = spark.createDataFrame([(2, 20, "eu"), (9, 9, "ap")], SCHEMA)
+
+    def merge(dt) -> None:  # noqa: ANN001 - rewrites the file with the vector (id 2)
+        (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
+        merge(txn.delta_table(str(ours)))
+
+    participant.run_batch(spark.range(1), 1, batch)
+    merge(DeltaTable.forPath(spark, str(theirs)))
+    merged = checksum(ours, 3)
+    assert_like_delta_sparks(merged, checksum(theirs, 3), same_files=False)
+    # copy-on-write: the file with the vector was removed with it, none is left
+    assert (merged["numDeletionVectorsOpt"], merged["numDeletedRecordsOpt"]) == (0, 0)
+    assert validated(spark, ours, 3).tableSizeBytes() == merged["tableSizeBytes"]
+
+    # the validation is live: a checksum one file off fails it, as it would delta-spark's writes
+    broken = lake / "crc-broken"
+    shutil.copytree(ours, broken)
+    (broken / "_delta_log" / f"{3:020d}.crc").write_text(
+        json.dumps({**merged, "numFiles": merged["numFiles"] + 1}) + "\n")
+    with pytest.raises(Py4JJavaError, match="Number of files"):
+        validated(spark, broken, 3)
+
+    # a table percolake creates (delta-rs's version 0) and overwrites (delta-rs's commit)
+    made, reference = lake / "made", lake / "made-reference"
+    participant.run_batch(spark.range(1), 2, lambda df, b, txn: txn.write(appended, str(made)))
+    appended.write.format("delta").save(str(reference))
+    first = checksum(made, 0)
+    assert set(first) == set(checksum(reference, 0)) - {"allFiles"}
+    assert first["numFiles"] == checksum(reference, 0)["numFiles"] == 1
+    validated(spark, made, 0)
+    participant.run_batch(spark.range(1), 3, lambda df, b, txn: txn.write(
+        source, str(made), mode="overwrite"))
+    assert validated(spark, made, 1).numFiles() == checksum(made, 1)["numFiles"]
