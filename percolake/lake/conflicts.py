@@ -143,20 +143,30 @@ class _WriteRead:
 
 def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None,
                         committed: bool = False) -> str | None:
-    """The first commit since ``write.read_version`` that conflicts with what the write read
-    (commits naming ``own_txn_id`` in their commitInfo are this write's own and skipped), or
-    None.
+    """The first commit since ``write.read_version`` that conflicts with what the write read,
+    or None.
+
+    A commit naming ``own_txn_id`` in its commitInfo is the write itself, applied: the walk
+    ends there, since what was committed after it came after the write (an applier that
+    checked before another applier's commit landed must not take a later outside commit for a
+    conflict: its own commit attempt loses the race and it finds the write applied).
 
     With ``committed`` (the apply after COMMITTED) the question is whether the write can still
     be applied exactly: a rearrangement (every add and remove ``dataChange=false``, e.g. an
     outside OPTIMIZE) that removes none of the files the write removes keeps the same rows
     everywhere the write does not touch, so it does not stop the apply either.
+
+    Log cleanup deletes whole versions, oldest first: a walk that ends at a missing version
+    whose predecessor is gone too did not reach the newest commit, and what it did not read
+    cannot be taken for no conflict.
     """
     read = _WriteRead(write)
+    last = write.read_version
     for version, actions in log_entries_after(write.table, write.read_version):
+        last = version
         if own_txn_id is not None and actions is not None and any(
                 a.get("commitInfo", {}).get(TXN_ID_KEY) == own_txn_id for a in actions):
-            continue
+            return None
         if committed and actions is not None and _rearranges_only_elsewhere(
                 actions, read.replaced):
             read.added_since.update(unquote(a["add"]["path"]) for a in actions if "add" in a)
@@ -164,6 +174,9 @@ def conflict_since_read(write: TableWriteRecord, own_txn_id: str | None = None,
         problem = read.conflict(version, actions)
         if problem is not None:
             return problem
+    if not _entry_exists(write.table, last):
+        return (f"the log entries after version {last} are cleaned up (log retention), so the "
+                "commits made since cannot be checked")
     return None
 
 

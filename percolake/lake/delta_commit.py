@@ -44,6 +44,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from percolake.errors import FailedPrecondition, Unavailable
 from percolake.failpoints import fail_point
 from percolake.lake import in_commit_timestamps, storage
+from percolake.lake.checkpoints import last_checkpoint_version
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
@@ -618,25 +619,55 @@ def _version_of(table: DeltaTable, txn_id: str, app_id: str, app_version: int,
     one entry at a time from the loaded version down (one GET each on an object store; never a
     listing of the whole log, whose length grows with the table's age); a missing entry ends
     the search (log cleanup removes the oldest first).
+
+    The write's own entry may be cleaned up before it is reported (an outside writer's log
+    cleanup, while no applier ran for longer than the table's log retention): its version can
+    no longer be read, and the oldest version still in the log is reported instead. It holds
+    the write and, the table being held until the write is reported, no later commit of ours.
     """
-    if table_uri is not None and is_object_store(table_uri):
-        for version in range(table.version(), -1, -1):
-            entry = read_entry(table_uri, version)
-            if entry is None:
-                break
-            if _names_txn(entry.decode().splitlines(), txn_id):
-                return version
-    else:
-        for version in range(table.version(), -1, -1):
-            try:
-                lines = commit_file(table.table_uri, version).read_text().splitlines()
-            except FileNotFoundError:  # cleaned up by log retention: older than ours
-                break
-            if _names_txn(lines, txn_id):
-                return version
+    uri = table_uri or table.table_uri
+    version = table.version()
+    while version >= 0:
+        lines = _entry_lines(uri, version)
+        if lines is None:  # cleaned up by log retention: older than the kept version
+            break
+        if _names_txn(lines, txn_id):
+            return version
+        version -= 1
+    if version >= 0:  # the search ended at a cleaned-up entry
+        done = table.transaction_version(app_id)
+        oldest = _oldest_entry_above(uri, version, table.version())
+        if done == app_version and oldest is not None:
+            log.warning("the log entry of an applied write is cleaned up; reporting the "
+                        "oldest version still in the log, which holds it",
+                        extra={"table": uri, "txn_id": txn_id, "delta_version": oldest})
+            return oldest
+        raise FailedPrecondition(
+            f"{uri}: the write of transaction {txn_id} is applied (app transaction {app_id} is "
+            f"at {done}, at least {app_version}) but its log entry is cleaned up, so its "
+            "version can no longer be told (a stale applier: whoever applied it reported it)")
     raise AssertionError(
-        f"{table_uri or table.table_uri} records app transaction {app_id} >= {app_version} but "
-        f"no commit of transaction {txn_id}: written by something other than percolake?")
+        f"{uri} records app transaction {app_id} >= {app_version} but no commit of transaction "
+        f"{txn_id}: written by something other than percolake?")
+
+
+def _entry_lines(table_uri: str, version: int) -> list[str] | None:
+    """The lines of one version's log entry, None if it has none."""
+    if is_object_store(table_uri):
+        entry = read_entry(table_uri, version)
+        return None if entry is None else entry.decode().splitlines()
+    try:
+        return commit_file(table_uri, version).read_text().splitlines()
+    except FileNotFoundError:
+        return None
+
+
+def _oldest_entry_above(table_uri: str, missing: int, held: int) -> int | None:
+    """The oldest version above ``missing`` whose entry is still in the log: cleanup deletes
+    only below a checkpoint, so it lies at or below ``_last_checkpoint`` (or ``held``)."""
+    newest = max(held, last_checkpoint_version(table_uri) or -1)
+    return next((v for v in range(missing + 1, newest + 1)
+                 if _entry_lines(table_uri, v) is not None), None)
 
 
 def _names_txn(lines: list[str], txn_id: str) -> bool:
