@@ -1,6 +1,6 @@
-"""Tables whose properties row-level writes cannot honour are refused when the first operation
-reads the table, before anything is written (no Spark needed: the refusal comes first); the
-others are read with what their writes need (column mapping, the change data feed)."""
+"""Row-level writes read a table with what its writes need (column mapping, the change data
+feed, both) when the first operation reads it (no Spark needed); none of these properties is
+refused any more."""
 
 from __future__ import annotations
 
