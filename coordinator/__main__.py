@@ -1,3 +1,3 @@
-from coordinator.cli import main
+from coordinator.cli import run
 
-raise SystemExit(main())
+run()

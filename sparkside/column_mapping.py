@@ -71,18 +71,20 @@ class ColumnMapping:
 
     @classmethod
     def with_new_columns(cls, table_schema_json: str, max_column_id: int, batch_json: str,
-                         type_widening: bool = False) -> ColumnMapping:
+                         type_widening: bool = False,
+                         implicit_conversions: bool = False) -> ColumnMapping:
         """The mapping of ``table_schema_json`` merged with the columns of ``batch_json`` it
         lacks (and, with ``type_widening``, its widenings), each new field with an id above
         ``max_column_id`` and a physical name (the batch's own field metadata is left out:
         only the ids assigned here count). Used by ``merge_schema`` appends and by MERGE's
-        ``withSchemaEvolution``.
+        ``withSchemaEvolution`` (with ``implicit_conversions``, ``merged_schema``'s).
 
         Raises:
             SchemaConflict: a batch column's type differs from the table's (and is no
-                widening ``type_widening`` allows).
+                widening ``type_widening`` allows; never with ``implicit_conversions``).
         """
-        merged = merged_schema(table_schema_json, batch_json, type_widening=type_widening)
+        merged = merged_schema(table_schema_json, batch_json, type_widening=type_widening,
+                               implicit_conversions=implicit_conversions)
         return cls(with_column_mapping(merged, max_column_id))
 
     def frame(self, df: DataFrame, passthrough: Sequence[str] = ()) -> DataFrame:

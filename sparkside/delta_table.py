@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
+from sparkside.merge_evolution import evolving_source_schema, fitted
 from sparkside.merge_source import merge_source
 from sparkside.row_level import (
     DELETE,
@@ -147,6 +148,7 @@ class _Clause:
     condition: Column | None
     action: str  # "update", "delete", "insert"
     assignments: dict[str, Column] | None = None  # None with update/insert: all columns
+    star: bool = False  # UpdateAll/InsertAll, its assignments made by ``_all_columns``
 
 
 class TransactionMergeBuilder:
@@ -203,8 +205,8 @@ class TransactionMergeBuilder:
         return self._with(_Clause("not_matched_by_source", self._when(condition), "delete"))
 
     def withSchemaEvolution(self) -> TransactionMergeBuilder:  # noqa: N802
-        """Source columns the table lacks are added to it by ``UpdateAll``/``InsertAll``
-        clauses (delta-spark's MERGE schema evolution), committed with the batch."""
+        """The table's schema evolves as delta-spark's MERGE schema evolution evolves it
+        (``sparkside.merge_evolution``), committed with the batch."""
         return TransactionMergeBuilder(self._table, self._source, self._condition,
                                        self._clauses, schema_evolution=True)
 
@@ -215,12 +217,15 @@ class TransactionMergeBuilder:
         state = self._table._state()
         state.start()
         target = self._table._frame(state)
-        if self._schema_evolution and any(c.assignments is None and c.action != "delete"
-                                          for c in self._clauses):
-            known = {c.lower() for c in state.columns()}
-            state.evolve(self._source, [c for c in self._source.columns
-                                        if c.lower() not in known])
-            target = self._table._frame(state)
+        if self._schema_evolution:
+            evolving = evolving_source_schema(
+                self._source.schema, state.columns(),
+                star=any(c.assignments is None and c.action != "delete" for c in self._clauses),
+                assigned=[k for c in self._clauses if c.assignments is not None
+                          and c.kind != "not_matched_by_source" for k in c.assignments])
+            if evolving is not None:
+                state.evolve(evolving)
+                target = self._table._frame(state)
         insert_only = all(c.kind == "not_matched" for c in self._clauses)
         with merge_source(self._source, insert_only) as source:
             metrics = _merge(state, self._table, target, source.frame, self._condition,
@@ -326,10 +331,12 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     """The copy-on-write MERGE (docs/row-level-writes.md): touched files, then one rewrite."""
     columns = state.columns()
     types = _types(target)
+    column_types = {f["name"]: f["type"] for f in json.loads(state.schema_json)["fields"]}
     clauses = tuple(_all_columns(c, state, source, schema_evolution) for c in clauses)
-    for clause in clauses:
-        if clause.assignments is not None:
-            _resolve(state, clause.assignments, "MERGE")
+    resolved = {i: _resolve(state, c.assignments, "UPDATE" if c.action == "update" else "INSERT",
+                            source.columns if schema_evolution and c.kind != "not_matched_by_source"
+                            else None)
+                for i, c in enumerate(clauses) if c.assignments is not None}
     matched = [c for c in clauses if c.kind == "matched"]
     not_matched = [c for c in clauses if c.kind == "not_matched"]
     by_source = [c for c in clauses if c.kind == "not_matched_by_source"]
@@ -372,6 +379,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         if clause.condition is not None:
             when = when & F.coalesce(clause.condition, F.lit(False))
         action = action.when(when, F.lit(i))
+    value_types = _value_types(joined, clauses)
     joined = joined.withColumn(ACTION, action.otherwise(F.lit(None)).cast("int"))
     acted = joined
     act = F.col(ACTION)
@@ -397,10 +405,13 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         for i, clause in reversed(numbered):
             if clause.action == "delete":
                 continue
-            assigned = clause.assignments.get(_resolve(state, clause.assignments,
-                                                       "MERGE").get(name, ""))
-            if assigned is not None:
-                value = F.when(act == i, assigned.cast(types[name])).otherwise(value)
+            key = resolved[i].get(name)
+            if key is not None:
+                kept = rewritten[name] if clause.star and clause.action == "update" \
+                    and schema_evolution else None
+                assigned = fitted(clause.assignments[key], value_types[i, key],
+                                  column_types[name], schema_evolution, name, kept)
+                value = F.when(act == i, assigned).otherwise(value)
             elif clause.action == "insert":
                 value = F.when(act == i, F.lit(None).cast(types[name])).otherwise(value)
         outputs.append(value.alias(name))
@@ -482,20 +493,36 @@ def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame,
     by_name = {c.lower(): c for c in source.columns}
     missing = [c for c in state.columns() if c.lower() not in by_name]
     if schema_evolution:
-        return replace(clause, assignments={c: source[by_name[c.lower()]]
-                                            for c in state.columns() if c not in missing})
+        return replace(clause, star=True, assignments={c: source[by_name[c.lower()]]
+                                                       for c in state.columns()
+                                                       if c not in missing})
     if missing:
         raise MergeClauseError(
             f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {missing} in "
             f"{'UPDATE' if clause.action == 'update' else 'INSERT'} clause given columns "
             f"{source.columns} of the source (without withSchemaEvolution every target "
             "column must be in the source).")
-    return replace(clause, assignments={c: source[by_name[c.lower()]] for c in state.columns()})
+    return replace(clause, star=True,
+                   assignments={c: source[by_name[c.lower()]] for c in state.columns()})
 
 
-def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str) -> dict[str, str]:
+def _value_types(joined: DataFrame, clauses: tuple[_Clause, ...]) -> dict[tuple[int, str],
+                                                                          T.DataType]:
+    """The Spark type of each clause's assigned values (by clause index and key), resolved on
+    the MERGE's join (one analysis, no job)."""
+    keys = [(i, key, value) for i, c in enumerate(clauses) if c.assignments is not None
+            for key, value in c.assignments.items()]
+    if not keys:
+        return {}
+    schema = joined.select(*[v.alias(f"v{n}") for n, (_, _, v) in enumerate(keys)]).schema
+    return {(i, key): schema.fields[n].dataType for n, (i, key, _) in enumerate(keys)}
+
+
+def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str,
+             given: list[str] | None = None) -> dict[str, str]:
     """Target column -> the key of ``assignments`` that sets it (names are case-insensitive,
-    as delta-spark resolves them)."""
+    as delta-spark resolves them). ``given``: the columns a key may name, as delta-spark's
+    error lists them (the source's with schema evolution; default the table's)."""
     by_name = {c.lower(): c for c in state.columns()}
     resolved: dict[str, str] = {}
     for key in assignments:
@@ -503,7 +530,7 @@ def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str) ->
         if column is None:
             raise MergeClauseError(
                 f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {key} in {what} clause "
-                f"given columns {state.columns()} of the target")
+                f"given columns {', '.join(given or state.columns())}.")
         if column in resolved:
             raise MergeClauseError(f"[DELTA_DUPLICATE_COLUMNS_FOUND] {what} assigns column "
                                    f"{column} twice")

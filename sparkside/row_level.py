@@ -31,7 +31,6 @@ from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vectors import deletion_vectors
@@ -44,7 +43,7 @@ from percolake.lake.read_set import (
     table_isolation_level,
     union,
 )
-from percolake.lake.schema_evolution import MAX_COLUMN_ID, merged_schema
+from percolake.lake.schema_evolution import MAX_COLUMN_ID, merged_schema, type_widening_enabled
 from percolake.lake.schema_evolution import max_column_id as mapping_max_column_id
 from percolake.lake.warehouse import local_path, spark_uri
 from percolake.records import (
@@ -54,12 +53,13 @@ from percolake.records import (
     TableWriteRecord,
     WriteMode,
 )
-from sparkside.column_mapping import ColumnMapping
+from sparkside.column_mapping import ColumnMapping, by_name
 from sparkside.errors import RowLevelWriteRefused
 from sparkside.file_scan import FileScan
+from sparkside.nested_fields import spark_type
 from sparkside.read_predicates import read_predicate
 from sparkside.reader import read_table_version
-from sparkside.writer import delta_schema_json, write_files
+from sparkside.writer import write_files
 
 FILE = "__percolake_file"  # the hidden column naming each row's data file
 USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
@@ -126,7 +126,8 @@ class RowLevelTable:
     parameters: list[dict[str, str]] = field(default_factory=list)  # each operation's
     metrics: dict[str, int] = field(default_factory=dict)
     started: float = 0.0  # when the running operation started (time.monotonic)
-    evolved: list[T.StructField] = field(default_factory=list)  # withSchemaEvolution's
+    schema_evolved: bool = False  # withSchemaEvolution changed schema_json in this batch
+    type_widening: bool = False  # delta.enableTypeWidening=true with the typeWidening feature
     mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
     max_column_id: int = 0  # a column-mapped table's delta.columnMapping.maxColumnId, so far
     change_data: bool = False  # delta.enableChangeDataFeed: operations write change files
@@ -158,7 +159,8 @@ class RowLevelTable:
         mapped = str(configuration.get("delta.columnMapping.mode") or "none") != "none"
         version = delta.version()
         files = files_of_version(table, version)
-        readers = delta.protocol().reader_features or []
+        protocol = delta.protocol()
+        readers, writers = protocol.reader_features or [], protocol.writer_features or []
         vectors = deletion_vectors(table, version) if "deletionVectors" in readers else {}
         return cls(spark, table, location, version, files.schema_json,
                    list(files.partition_columns), {f.path: f for f in files.files},
@@ -166,7 +168,9 @@ class RowLevelTable:
                    mapping=ColumnMapping(files.schema_json) if mapped else None,
                    max_column_id=mapping_max_column_id(configuration, files.schema_json),
                    change_data=change_data,
-                   isolation_level=table_isolation_level(configuration))
+                   isolation_level=table_isolation_level(configuration),
+                   type_widening=type_widening_enabled(configuration)
+                   and "typeWidening" in writers)
 
     # ------------------------------------------------------------------ reading
 
@@ -224,26 +228,45 @@ class RowLevelTable:
         return self._with_evolved(read_table_version(self.spark, self.table, self.read_version))
 
     def _with_evolved(self, frame: DataFrame) -> DataFrame:
-        for column in self.evolved:
-            frame = frame.withColumn(column.name, F.lit(None).cast(column.dataType))
-        return frame
+        """``frame`` (rows read in the table's schema before this batch evolved it) in the
+        evolved schema: new columns null, new nested fields null, widened types cast."""
+        if not self.schema_evolved:
+            return frame
+        have = {f.name: f.dataType for f in frame.schema.fields}
+        changes: dict[str, Column] = {}
+        for column in json.loads(self.schema_json)["fields"]:
+            name, column_type = column["name"], column["type"]
+            wanted = spark_type(column_type)
+            found = have.get(name)
+            if found is None:
+                changes[name] = F.lit(None).cast(wanted)
+            elif found.simpleString() != wanted.simpleString():
+                quoted = F.col("`" + name.replace("`", "``") + "`")
+                changes[name] = by_name(quoted, found, column_type).cast(wanted)
+        return frame.withColumns(changes) if changes else frame
 
-    def evolve(self, source: DataFrame, columns: Sequence[str]) -> None:
-        """Adds the source's ``columns`` to the table (delta-spark's MERGE schema evolution):
-        null in the rows written before, committed with the batch's write."""
-        if not columns:
-            return
-        added = delta_schema_json(source.select(*columns))
+    def evolve(self, source_json: str) -> None:
+        """Merges the source columns of ``source_json`` (``merge_evolution``) into the table's
+        schema as delta-spark's MERGE schema evolution does: new columns and nested fields
+        (null in the rows written before), widened types (with ``delta.typeChanges``, on a
+        table with type widening), other types kept; committed with the batch's write."""
         if self.mapping is None:
-            self.schema_json = merged_schema(self.schema_json, added)
+            evolved = merged_schema(self.schema_json, source_json,
+                                    type_widening=self.type_widening, implicit_conversions=True)
+            mapping = None
         else:  # new ids above maxColumnId and physical names, as delta-spark assigns them
-            self.mapping = ColumnMapping.with_new_columns(self.schema_json,
-                                                          self.max_column_id, added)
-            self.schema_json = self.mapping.schema_json
+            mapping = ColumnMapping.with_new_columns(
+                self.schema_json, self.max_column_id, source_json,
+                type_widening=self.type_widening, implicit_conversions=True)
+            evolved = mapping.schema_json
+        if json.loads(evolved) == json.loads(self.schema_json):
+            return
+        self.schema_json = evolved
+        self.schema_evolved = True
+        if mapping is not None:
+            self.mapping = mapping
             self.max_column_id = mapping_max_column_id(
                 {MAX_COLUMN_ID: str(self.max_column_id)}, self.schema_json)
-        self.evolved += [T.StructField(f.name, f.dataType, True)
-                         for f in source.select(*columns).schema.fields]
 
     def _scan(self) -> FileScan:
         if self._file_scan is None:
@@ -397,10 +420,7 @@ class RowLevelTable:
         changes of operations that wrote none are written as change files too."""
         if not (self.changes and self.implied):
             return
-        types = {f.name: f.dataType for f in self.evolved}
-        frames = [frame.select(*[F.col(c) if c in frame.columns
-                                 else F.lit(None).cast(types[c]).alias(c)
-                                 for c in self.columns()], CHANGE_TYPE)
+        frames = [self._with_evolved(frame).select(*self.columns(), CHANGE_TYPE)
                   for frame in self.implied]
         union = frames[0]
         for frame in frames[1:]:
@@ -419,7 +439,7 @@ class RowLevelTable:
             add_files=tuple(sorted(self.added.values(), key=lambda a: a.path)),
             schema_json=self.schema_json, partition_by=tuple(self.partition_by),
             remove_files=tuple(sorted(self.removed.values(), key=lambda r: r.path)),
-            merge_schema=bool(self.evolved),
+            merge_schema=self.schema_evolved,
             read_version=self.read_version, operation=",".join(self.operations),
             operation_metrics=json.dumps({k: str(v) for k, v in sorted(self.metrics.items())},
                                          separators=(",", ":")),

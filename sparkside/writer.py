@@ -45,7 +45,12 @@ def delta_schema_json(df: DataFrame) -> str:
 
     Every field is nullable, nested ones too, as in the Parquet files Spark writes.
     """
-    arrow = to_arrow_schema(_nullable(df.schema), timezone="UTC")
+    return struct_schema_json(df.schema)
+
+
+def struct_schema_json(schema: T.StructType) -> str:
+    """The Delta schema JSON of a Spark schema, every field nullable (``delta_schema_json``)."""
+    arrow = to_arrow_schema(_nullable(schema), timezone="UTC")
     return Schema.from_arrow(arrow).to_json()
 
 

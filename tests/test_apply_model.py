@@ -579,7 +579,7 @@ class ApplyModel(RuleBasedStateMachine):
 
 
 ApplyModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("PERCOLAKE_MODEL_EXAMPLES", "25")), stateful_step_count=25,
+    max_examples=int(os.environ.get("PERCOLAKE_MODEL_EXAMPLES", "12")), stateful_step_count=25,
     deadline=None, derandomize="PERCOLAKE_MODEL_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_apply_model = ApplyModel.TestCase

@@ -9,6 +9,6 @@ shares (connection flags, leader following, exit status).
 """
 
 from coordinator.cli.client import client_follower
-from coordinator.cli.program import main
+from coordinator.cli.program import main, run
 
-__all__ = ["client_follower", "main"]
+__all__ = ["client_follower", "main", "run"]

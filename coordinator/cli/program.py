@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
+from typing import NoReturn
 
 from coordinator import limits
 from coordinator.cli import auth as auth_cli
@@ -302,6 +305,18 @@ def _reset(args: argparse.Namespace) -> int:
         "aborted_txn_ids": list(reply.aborted_txn_ids),
     }))
     return 0
+
+
+def run() -> NoReturn:
+    """The process's entry point: ``main``, then an exit with its status that skips the
+    interpreter's teardown, where pyarrow and deltalake's native threads can crash a process
+    whose work is done (apache/arrow#34314; a SIGTERMed daemon exited with -11 after its
+    clean shutdown). Everything is closed and flushed by then."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

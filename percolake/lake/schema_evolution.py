@@ -46,7 +46,7 @@ class SchemaConflict(ValueError):
 
 
 def merged_schema(table_json: str, batch_json: str, column_mapping: bool = False,
-                  type_widening: bool = False) -> str:
+                  type_widening: bool = False, implicit_conversions: bool = False) -> str:
     """The table's schema JSON with the batch's new columns (and nested fields) added.
 
     ``column_mapping``: the table is column-mapped; new fields keep the mapping metadata (id,
@@ -54,15 +54,19 @@ def merged_schema(table_json: str, batch_json: str, column_mapping: bool = False
     ``type_widening``: the table has ``delta.enableTypeWidening=true``; a column whose batch
     type ``widens`` its table type takes the batch's type, with the change recorded in
     ``delta.typeChanges``.
+    ``implicit_conversions``: a column whose type differs and is not widened keeps the table's
+    type (its values are cast to it), as delta-spark's MERGE schema evolution merges the
+    source's schema, instead of being refused.
 
     Raises:
         SchemaConflict: names every column whose type differs between table and batch (and
-            cannot be widened), with what to do.
+            cannot be widened), with what to do (never with ``implicit_conversions``).
     """
     table = json.loads(table_json)
     batch = json.loads(batch_json)
     problems: list[str] = []
-    merged = _merge_struct(table, batch, "", problems, _Rules(column_mapping, type_widening))
+    merged = _merge_struct(table, batch, "", problems,
+                           _Rules(column_mapping, type_widening, implicit_conversions))
     if problems:
         raise SchemaConflict("; ".join(problems))
     return json.dumps(merged, separators=(",", ":"))
@@ -79,6 +83,7 @@ def added_columns(table_json: str, batch_json: str) -> list[str]:
 class _Rules(NamedTuple):
     mapped: bool  # column-mapped table
     widening: bool  # delta.enableTypeWidening=true
+    implicit: bool = False  # a type that is not widened stays the table's (MERGE)
 
 
 def extends(table_type: Any, batch_type: Any) -> bool:
@@ -140,7 +145,8 @@ def _merge_type(old: Any, new: Any, path: str, problems: list[str], rules: _Rule
             change["fieldPath"] = field_path
         changes.append(change)
         return new
-    problems.append(type_change_problem(path, old, new, rules.widening))
+    if not rules.implicit:
+        problems.append(type_change_problem(path, old, new, rules.widening))
     return old
 
 

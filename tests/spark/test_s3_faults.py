@@ -146,8 +146,11 @@ def assert_committed_once(stub, pipeline: str, uris: dict[str, str],  # noqa: AN
         got = sorted(read_delta_table(uri).to_pylist(), key=lambda r: r["id"])
         assert got == [{"id": i, "name": f"{name}-0-{i}"} for i in (0, 1)]
         below = keys(name)
-        assert [k for k in below if "/_delta_log/" in k] == [
+        log_keys = [k for k in below if "/_delta_log/" in k]
+        assert [k for k in log_keys if not k.endswith(".crc")] == [
             f"{ROOT}/{name}/_delta_log/{0:020d}.json"]
+        assert all(k == f"{ROOT}/{name}/_delta_log/{0:020d}.crc"  # its checksum, if written yet
+                   for k in log_keys if k.endswith(".crc"))
         assert [k for k in below if "/_delta_log/" not in k] and all(
             f"/_percolake/{txn.txn_id}/" in k for k in below if "/_delta_log/" not in k)
     return txn
