@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -86,13 +87,18 @@ class ColumnMapping:
                                implicit_conversions=implicit_conversions)
         return cls(with_column_mapping(merged, max_column_id))
 
-    def frame(self, df: DataFrame) -> DataFrame:
+    def frame(self, df: DataFrame, passthrough: Sequence[str] = ()) -> DataFrame:
         """``df`` (the table's columns, any order; nested struct fields matched by name, a
-        missing one null) with physical names and field ids."""
+        missing one null) with physical names and field ids; its ``passthrough`` columns
+        (no table column, e.g. the change files' ``_change_type``) keep their name and get no
+        field id, as delta-spark writes them."""
         logical = {f["name"]: f for f in self.logical["fields"]}
         fields = {f["name"]: f for f in self.physical["fields"]}
         columns: list[Column] = []
         for source in df.schema.fields:
+            if source.name in passthrough:
+                columns.append(F.col("`" + source.name.replace("`", "``") + "`"))
+                continue
             field = fields[self.names[source.name]]
             data_type = T.StructField.fromJson(field).dataType
             column = F.col("`" + source.name.replace("`", "``") + "`")
@@ -103,11 +109,12 @@ class ColumnMapping:
         return df.select(*columns)
 
     def write(self, df: DataFrame, table_uri: str, location_uri: str,
-              partition_by: list[str]) -> list[AddFileRecord]:
-        """Writes ``df`` (the table's columns, by column name) as the table's files: physical
-        names and field ids, statistics keyed by physical names; the adds' partition values
-        keyed by column name, as write intents carry them."""
-        adds = write_files(self.frame(df), table_uri, location_uri,
+              partition_by: list[str], passthrough: Sequence[str] = ()) -> list[AddFileRecord]:
+        """Writes ``df`` (the table's columns, by column name, and the ``passthrough`` ones of
+        ``frame``) as the table's files: physical names and field ids, statistics keyed by
+        physical names; the adds' partition values keyed by column name, as write intents
+        carry them."""
+        adds = write_files(self.frame(df, passthrough), table_uri, location_uri,
                            self.partition_columns(partition_by), self.physical)
         return [dataclasses.replace(a, partition_values=self.logical_values(a.partition_values))
                 for a in adds]

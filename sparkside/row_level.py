@@ -147,8 +147,7 @@ class RowLevelTable:
         """The table at its latest version, pinned: call with the table held by the attempt.
 
         Raises:
-            RowLevelWriteRefused: no Delta table there, or the change data feed on a
-                column-mapped table (its change files are not written under physical names).
+            RowLevelWriteRefused: no Delta table there.
         """
         delta = open_table(table)
         if delta is None:
@@ -158,13 +157,6 @@ class RowLevelTable:
         configuration = delta.metadata().configuration
         change_data = str(configuration.get(CHANGE_DATA_FEED, "")).lower() == "true"
         mapped = str(configuration.get("delta.columnMapping.mode") or "none") != "none"
-        if change_data and mapped:
-            raise RowLevelWriteRefused(
-                f"table {table} has {CHANGE_DATA_FEED}=true and column mapping "
-                f"(delta.columnMapping.mode={configuration['delta.columnMapping.mode']}): "
-                "percolake's row-level writes do not write its change data files under the "
-                "physical column names yet; use delta-spark outside the transaction, or turn "
-                f"the feed off (ALTER TABLE ... SET TBLPROPERTIES ({CHANGE_DATA_FEED} = false))")
         version = delta.version()
         files = files_of_version(table, version)
         protocol = delta.protocol()
@@ -406,8 +398,11 @@ class RowLevelTable:
     def _write_changes(self, changes: DataFrame, folder: str) -> int:
         """Has the executors write ``changes`` as change files under ``folder``'s
         ``_change_data`` (partitioned like the table); returns how many."""
-        written = write_files(changes.select(*self.columns(), CHANGE_TYPE), self.table,
-                              f"{folder}/{CHANGE_FOLDER}", self.partition_by)
+        rows, location = changes.select(*self.columns(), CHANGE_TYPE), f"{folder}/{CHANGE_FOLDER}"
+        written = (write_files(rows, self.table, location, self.partition_by)
+                   if self.mapping is None  # else physical names, _change_type as it is
+                   else self.mapping.write(rows, self.table, location, self.partition_by,
+                                           passthrough=(CHANGE_TYPE,)))
         self.changes.update({a.path: ChangeFileRecord(a.path, a.size, dict(a.partition_values))
                              for a in written})
         return len(written)

@@ -1,14 +1,12 @@
-"""Tables whose properties row-level writes cannot honour are refused when the first operation
-reads the table, before anything is written (no Spark needed: the refusal comes first); the
-others are read with what their writes need (column mapping, the change data feed)."""
+"""Row-level writes read a table with what its writes need (column mapping, the change data
+feed, both) when the first operation reads it (no Spark needed); none of these properties is
+refused any more."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pytest
 from deltalake import write_deltalake
 
-from sparkside.errors import RowLevelWriteRefused
 from sparkside.row_level import RowLevelTable
 
 
@@ -21,15 +19,16 @@ def test_a_table_with_the_change_data_feed_is_read_to_write_change_files(tmp_pat
     assert RowLevelTable.read(None, table, table).change_data
 
 
-def test_the_change_data_feed_on_a_column_mapped_table_is_refused_naming_both(tmp_path):
+def test_a_column_mapped_table_with_the_change_data_feed_is_read_with_both(tmp_path):
+    """No longer refused: its change files are written under the physical names
+    (tests/spark/test_row_level_cdf.py compares its change feed with delta-spark's)."""
     table = str(tmp_path / "t")
     write_deltalake(table, pa.table({"id": [1, 2]}),
                     configuration={"delta.enableChangeDataFeed": "true",
                                    "delta.columnMapping.mode": "name",
                                    "delta.minReaderVersion": "2", "delta.minWriterVersion": "5"})
-    with pytest.raises(RowLevelWriteRefused,
-                       match="enableChangeDataFeed=true and column mapping"):
-        RowLevelTable.read(None, table, table)
+    state = RowLevelTable.read(None, table, table)
+    assert state.change_data and state.mapping is not None and set(state.mapping.names) == {"id"}
 
 
 def test_a_column_mapped_table_is_read_with_its_mapping(tmp_path):

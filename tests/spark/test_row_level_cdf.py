@@ -10,6 +10,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -109,3 +110,43 @@ def test_a_delete_on_partition_columns_only_is_told_apart_as_delta_spark_does(sp
                                    (F.col("t.region").isin("eu", "us"), True),
                                    ("region = 'eu' and value > 1", False), ("id = 1", False)]:
         assert _on_partitions_only(frame, condition, ["region"]) is whole_files, condition
+
+
+def test_a_column_mapped_table_gets_the_change_feed_delta_spark_writes(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """Change files of a column-mapped table (``name``): physical column names, field ids
+    and partition values keyed by physical name, ``_change_type`` as it is; delta-spark's
+    change feed and latest table read the same as after its own operations."""
+    ours, theirs = lake / "mapped", lake / "mapped-reference"
+    spark.sql(f"CREATE TABLE delta.`{ours}` ({SCHEMA}) USING DELTA PARTITIONED BY (region) "
+              "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true', "
+              "'delta.columnMapping.mode' = 'name')")
+    rows = [(k, k * 7 % 100, ["eu", "us", "ap"][k % 3]) for k in range(20)]
+    spark.createDataFrame(rows, SCHEMA).write.format("delta").mode("append").save(str(ours))
+    shutil.copytree(ours, theirs)
+    source = spark.createDataFrame([(2, -1, "ap"), (4, 400, "us"), (40, 140, "eu")], SCHEMA)
+    operations = [[merge], [lambda dt, s: dt.update("id % 3 = 0", {"value": "value * 10"}),
+                            lambda dt, s: dt.delete("value > 150")]]
+    participant = Participant(lake_daemon.target, pipeline_id=f"cdf-mapped-{lake.name}")
+    for batch_id, batch_operations in enumerate(operations):
+        def batch(df: DataFrame, batch_id: int, txn, ops=batch_operations) -> None:  # noqa: ANN001
+            for operation in ops:
+                operation(txn.delta_table(str(ours)), source)
+
+        participant.run_batch(spark.range(1), batch_id, batch)
+        for operation in batch_operations:
+            operation(DeltaTable.forPath(spark, str(theirs)), source)
+
+    assert change_feed(spark, ours) == change_feed(spark, theirs)
+    latest = spark.read.format("delta").load
+    assert sorted(latest(str(ours)).collect()) == sorted(latest(str(theirs)).collect())
+    physical_keys = {k for a in cdc_actions(theirs, 2) for k in a["partitionValues"]}
+    assert physical_keys and "region" not in physical_keys
+    for version in (2, 3):
+        ours_cdc = cdc_actions(ours, version)
+        assert ours_cdc and all(set(a["partitionValues"]) == physical_keys for a in ours_cdc)
+    their_file = pq.read_schema(theirs / cdc_actions(theirs, 2)[0]["path"])
+    ids = {f.name: (f.metadata or {}).get(b"PARQUET:field_id") for f in their_file}
+    ours_file = pq.read_schema(ours / cdc_actions(ours, 2)[0]["path"])
+    assert {f.name: (f.metadata or {}).get(b"PARQUET:field_id") for f in ours_file} \
+        == {n: i for n, i in ids.items() if n not in physical_keys | {"__is_cdc"}}
