@@ -53,6 +53,17 @@ class _Context:
         return "ipv4:127.0.0.1:1"
 
 
+def _timed(profile: cProfile.Profile | None, call, request, context) -> tuple:  # noqa: ANN001
+    """``call(request, context)``, profiled if asked: its reply, wall and CPU seconds."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    if profile:
+        profile.enable()
+    reply = call(request, context)
+    if profile:
+        profile.disable()
+    return reply, time.perf_counter() - t0, time.process_time() - c0
+
+
 def run(work: Path, txns: int, files: int, profile: cProfile.Profile | None) -> dict:
     """``txns`` transactions of one pipeline; CPU and wall ms of the two calls each."""
     warehouse = work / "warehouse"
@@ -77,30 +88,21 @@ def run(work: Path, txns: int, files: int, profile: cProfile.Profile | None) -> 
                                              epoch=epoch, query_id=query_id, tables=tables)
         if pending is not None:
             open_req.applied_reports.append(pending)
-        t0, c0 = time.perf_counter(), time.process_time()
-        if profile:
-            profile.enable()
-        txn_id = servicer.OpenTransaction(open_req, context).transaction.txn_id
-        if profile:
-            profile.disable()
-        t1, c1 = time.perf_counter(), time.process_time()
+        opened, open_wall, open_cpu = _timed(profile, servicer.OpenTransaction, open_req, context)
+        txn_id = opened.transaction.txn_id
         writes = bc._writes(pb, tables, txn_id, files, batch_id, data_files)
         commit_req = pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables,
                                                  writes=writes)
-        t2, c2 = time.perf_counter(), time.process_time()
-        if profile:
-            profile.enable()
-        state = servicer.CommitTransaction(commit_req, context).transaction.state
-        if profile:
-            profile.disable()
-        t3, c3 = time.perf_counter(), time.process_time()
+        committed, commit_wall, commit_cpu = _timed(profile, servicer.CommitTransaction,
+                                                    commit_req, context)
+        state = committed.transaction.state
         assert state == pb.COMMITTED, state
         bc._delta_commit(writes, txn_id, app_id, batch_id, batch_id)
         pending = pb.AppliedReport(txn_id=txn_id, tables=[
             pb.AppliedTable(table=t, delta_version=batch_id) for t in tables])
         if batch_id >= txns // 10:  # the first tenth warms up (first layout loads)
-            cpu.append((c1 - c0) + (c3 - c2))
-            wall.append((t1 - t0) + (t3 - t2))
+            cpu.append(open_cpu + commit_cpu)
+            wall.append(open_wall + commit_wall)
     core.close()
     store.close()
     return {"cpu_ms": 1000 * statistics.median(cpu), "cpu_mean_ms": 1000 * statistics.mean(cpu),
