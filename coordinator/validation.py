@@ -359,6 +359,8 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
             raise InvalidArgument(f"table {table}: remove_files needs the ROW_LEVEL mode")
         if write.change_files:
             raise InvalidArgument(f"table {table}: change_files needs the ROW_LEVEL mode")
+        if write.deletion_vectors:
+            raise InvalidArgument(f"table {table}: deletion_vectors needs the ROW_LEVEL mode")
         return
     if write.read_version < 0:
         raise InvalidArgument(f"table {table}: a ROW_LEVEL write needs the read_version it "
@@ -401,6 +403,7 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
                               f"{sorted(added)[:3]}")
     partitions = set(write.partition_by)
     _check_change_files(write, txn_id)
+    _check_deletion_vectors(write, txn_id, set(removed))
     for remove in write.remove_files:
         parts = remove.path.split("/")
         if (remove.path.startswith("/") or "://" in remove.path
@@ -416,6 +419,51 @@ def _check_row_level(write: TableWriteRecord, txn_id: str) -> None:
                 f"table {table}: removed file {remove.path} has partition values for "
                 f"{sorted(remove.partition_values)}, the table is partitioned by "
                 f"{sorted(partitions)}")
+
+
+_VECTOR_FILE = re.compile(r"deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                          r"[0-9a-f]{12}\.bin")
+
+
+def _check_deletion_vectors(write: TableWriteRecord, txn_id: str, removed: set[str]) -> None:
+    """Files kept with a deletion vector: each a file the write removes (as it was), once; its
+    vector in a ``deletion_vector_<uuid>.bin`` file of the attempt's folder, whole inside it
+    (version byte, then size, data and checksum), deleting at least one row."""
+    table = write.table
+    seen: set[str] = set()
+    file_sizes: dict[str, int] = {}
+    for vector in write.deletion_vectors:
+        if vector.path in seen:
+            raise InvalidArgument(f"table {table}: file {vector.path} has two deletion vectors")
+        seen.add(vector.path)
+        if vector.path not in removed:
+            raise InvalidArgument(
+                f"table {table}: file {vector.path} gets a deletion vector but is not among "
+                "the removed files (the commit removes it as it was and adds it with the "
+                "vector)")
+        _check_file_path(table, vector.vector_path, f"{ATTEMPT_DIR}/{txn_id}/")
+        if not _VECTOR_FILE.fullmatch(vector.vector_path.rsplit("/", 1)[-1]):
+            raise InvalidArgument(f"table {table}: deletion vector file {vector.vector_path!r} "
+                                  "must be named deletion_vector_<uuid>.bin")
+        size = file_sizes.setdefault(vector.vector_path, vector.vector_file_size)
+        if size != vector.vector_file_size:
+            raise InvalidArgument(f"table {table}: deletion vector file {vector.vector_path} "
+                                  "is given two sizes")
+        if not (vector.offset >= 1 and vector.size_in_bytes > 0
+                and vector.offset + vector.size_in_bytes + 8 <= vector.vector_file_size
+                <= MAX_FILE_BYTES):
+            raise InvalidArgument(
+                f"table {table}: the deletion vector of {vector.path} (offset {vector.offset}, "
+                f"{vector.size_in_bytes} bytes) does not lie inside its file of "
+                f"{vector.vector_file_size} bytes")
+        if not 1 <= vector.cardinality <= MAX_FILE_ROWS:
+            raise InvalidArgument(f"table {table}: the deletion vector of {vector.path} has "
+                                  f"cardinality {vector.cardinality}; 1 to {MAX_FILE_ROWS}")
+        if not 0 <= vector.modification_time <= MAX_MODIFICATION_TIME_MS:
+            raise InvalidArgument(f"table {table}: file {vector.path} has modification_time "
+                                  f"{vector.modification_time}")
+        if vector.stats:
+            check_stats(table, vector.path, vector.stats)
 
 
 def _check_change_files(write: TableWriteRecord, txn_id: str) -> None:

@@ -8,6 +8,7 @@ from percolake.errors import InvalidArgument
 from percolake.records import (
     AddFileRecord,
     ChangeFileRecord,
+    DeletionVectorRecord,
     PipelineRecord,
     RemoveFileRecord,
     TableEntry,
@@ -104,6 +105,12 @@ def table_write_from_pb(msg: pb.TableWrite) -> TableWriteRecord:
                                                                 list(f.null_partition_columns)))
             for f in msg.change_files),
         read_set=msg.read_set if msg.mode == pb.ROW_LEVEL else "",
+        deletion_vectors=tuple(
+            DeletionVectorRecord(path=v.path, vector_path=v.vector_path,
+                                 vector_file_size=v.vector_file_size, offset=v.offset,
+                                 size_in_bytes=v.size_in_bytes, cardinality=v.cardinality,
+                                 modification_time=v.modification_time, stats=v.stats)
+            for v in msg.deletion_vectors),
     )
 
 
@@ -134,6 +141,11 @@ def table_write_to_pb(write: TableWriteRecord) -> pb.TableWrite:
         values, nulls = _partition_fields(f.partition_values)
         msg.change_files.add(path=f.path, size=f.size, partition_values=values,
                              null_partition_columns=nulls)
+    for v in write.deletion_vectors:
+        msg.deletion_vectors.add(path=v.path, vector_path=v.vector_path,
+                                 vector_file_size=v.vector_file_size, offset=v.offset,
+                                 size_in_bytes=v.size_in_bytes, cardinality=v.cardinality,
+                                 modification_time=v.modification_time, stats=v.stats)
     return msg
 
 

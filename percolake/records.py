@@ -63,6 +63,23 @@ class ChangeFileRecord:
 
 
 @dataclass(frozen=True)
+class DeletionVectorRecord:
+    """A data file of the table a row-level write keeps with rows deleted by a deletion vector
+    (docs/row-level-writes.md, Deletion vectors): the commit removes the file as it was (it is
+    also in ``remove_files``) and adds it again with this vector, stored in the attempt's
+    folder; ``path`` and ``vector_path`` are relative to the table root."""
+
+    path: str
+    vector_path: str  # .../deletion_vector_<uuid>.bin under _percolake/<txn_id>/
+    vector_file_size: int  # bytes of the vector file (checked before the commit point)
+    offset: int
+    size_in_bytes: int
+    cardinality: int  # every row it deletes, the file's earlier vector's included
+    modification_time: int = 0  # the data file's, unchanged
+    stats: str = ""  # the data file's statistics, tightBounds false
+
+
+@dataclass(frozen=True)
 class TableWriteRecord:
     """The full write intent of one table: enough to finish its Delta commit alone."""
 
@@ -94,6 +111,8 @@ class TableWriteRecord:
     # ROW_LEVEL only: what the write read, for Delta's conflict rules (a JSON object,
     # percolake.lake.read_set.ReadSet; "" for the whole table under Serializable)
     read_set: str = ""
+    # ROW_LEVEL only, tables with deletion vectors enabled: files kept with a new vector
+    deletion_vectors: tuple[DeletionVectorRecord, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         row_level = {} if self.mode != WriteMode.ROW_LEVEL else {
@@ -110,6 +129,8 @@ class TableWriteRecord:
                                   "partition_values": dict(f.partition_values)}
                                  for f in self.change_files]} if self.change_files else {}),
             **({"read_set": self.read_set} if self.read_set else {}),
+            **({"deletion_vectors": [dataclasses.asdict(v) for v in self.deletion_vectors]}
+               if self.deletion_vectors else {}),
         }
         data = {
             "table": self.table,
@@ -161,6 +182,8 @@ class TableWriteRecord:
             operation_parameters=data.get("operation_parameters", ""),
             change_files=tuple(ChangeFileRecord(**f) for f in data.get("change_files", ())),
             read_set=data.get("read_set", ""),
+            deletion_vectors=tuple(DeletionVectorRecord(**v)
+                                   for v in data.get("deletion_vectors", ())),
         )
 
     def row_count(self) -> int:

@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sparkside.deletion_vector_writes import ROW_INDEX
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
 from sparkside.merge_evolution import evolving_source_schema, fitted
 from sparkside.merge_source import merge_source
@@ -56,7 +57,7 @@ class TransactionDeltaTable:
         operations on it."""
         state = self._state()
         state.read_whole_table()  # what the batch does with the rows is not known
-        return self._frame(state).drop(FILE)
+        return self._frame(state).drop(FILE, ROW_INDEX)
 
     def delete(self, condition: str | Column | None = None) -> None:
         """Deletes the rows where ``condition`` is true (all rows without one)."""
@@ -65,22 +66,27 @@ class TransactionDeltaTable:
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
         touched = _files_where(state, target, condition_column(condition))
+        on_partitions = _on_partitions_only(target, condition, state.partition_by)
+        # as delta-spark: whole files go when the condition names partition columns only
+        merge_on_read = not on_partitions and state.merge_on_read_for(touched)
+        in_place = state.in_place(touched) if merge_on_read else F.lit(False)
         observation = Observation("percolake_delete")
         read = self._rows(state, touched)
         rows = read.observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numDeletedRows"),
-            F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
-        output = rows.where(~matched).select(*state.columns()) if touched else None
+            F.sum(F.when(matched | in_place, 0).otherwise(1)).alias("numCopiedRows"))
+        output = rows.where(~matched & ~in_place).select(*state.columns()) \
+            if touched and not (merge_on_read and _all_in_place(state, touched)) else None
+        deleted = rows.where(matched & in_place) if merge_on_read else None
         # as delta-spark: no change file when the condition names partition columns only
         # (whole files go; change data readers take their removes as deletes)
         changes = change_rows(read, [(matched, _row(read, state.columns()), DELETE)]) \
-            if state.change_data and touched \
-            and not _on_partitions_only(target, condition, state.partition_by) else None
+            if state.change_data and touched and not on_partitions else None
         state.replace(touched, output, "DELETE",
                       {} if touched else {"numDeletedRows": 0, "numCopiedRows": 0},
                       {"predicate": _predicates([_resolved(target, condition)
                                                  if condition is not None else "true"])},
-                      changes)
+                      changes, deleted)
         if touched:
             state.metrics_update(observed(observation))
 
@@ -101,15 +107,20 @@ class TransactionDeltaTable:
             state.replace([], None, "UPDATE", {"numUpdatedRows": 0, "numCopiedRows": 0},
                           parameters)
             return
+        merge_on_read = state.merge_on_read_for(touched)
+        in_place = state.in_place(touched) if merge_on_read else F.lit(False)
         observation = Observation("percolake_update")
         read = self._rows(state, touched)
         rows = read.observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numUpdatedRows"),
-            F.sum(F.when(matched, 0).otherwise(1)).alias("numCopiedRows"))
+            F.sum(F.when(matched | in_place, 0).otherwise(1)).alias("numCopiedRows"))
         types = _types(target)
-        output = rows.select(*[
+        # merge-on-read: the updated rows (and the rows of files this batch wrote) are written,
+        # the old versions of updated rows deleted by a deletion vector
+        output = rows.where(matched | ~in_place).select(*[
             F.when(matched, assignments[names[c]].cast(types[c])).otherwise(F.col(c)).alias(c)
             if c in names else F.col(c) for c in state.columns()])
+        deleted = rows.where(matched & in_place) if merge_on_read else None
         changes = None
         if state.change_data:
             updated = F.struct(*[assignments[names[c]].cast(types[c]).alias(c) if c in names
@@ -117,7 +128,7 @@ class TransactionDeltaTable:
             changes = change_rows(read, [
                 (matched, _row(read, state.columns()), UPDATE_PREIMAGE),
                 (matched, updated, UPDATE_POSTIMAGE)])
-        state.replace(touched, output, "UPDATE", {}, parameters, changes)
+        state.replace(touched, output, "UPDATE", {}, parameters, changes, deleted)
         state.metrics_update(observed(observation))
 
     def merge(self, source: DataFrame, condition: str | Column) -> TransactionMergeBuilder:
@@ -356,6 +367,8 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     insert_only = not matched and not by_source
     rewritten = None if insert_only else \
         table._rows(state, touched).withColumn(T_HERE, F.lit(True))
+    merge_on_read = not insert_only and state.merge_on_read_for(touched)
+    in_place = state.in_place(touched) if merge_on_read else F.lit(False)
     if rewritten is None:  # delta-spark's insert-only MERGE: one pass, no file rewritten
         joined = source.observe(source_rows, F.count(F.lit(1)).alias("numSourceRows")) \
             .join(target, condition, "left_anti") \
@@ -397,7 +410,8 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         count_of("not_matched", "insert", "numTargetRowsInserted"),
         count_of("not_matched_by_source", "update", "numTargetRowsNotMatchedBySourceUpdated"),
         count_of("not_matched_by_source", "delete", "numTargetRowsNotMatchedBySourceDeleted"),
-        F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
+        F.sum(F.when(act.isNull() & t_here & ~in_place, 1).otherwise(0))
+        .alias("numTargetRowsCopied"))
     outputs, before = [], []
     for name in columns:
         value = F.lit(None).cast(types[name]) if rewritten is None else rewritten[name]
@@ -417,7 +431,10 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         outputs.append(value.alias(name))
     deletes = [i for i, c in numbered if c.action == "delete"]
     keep = (act.isNotNull() & ~act.isin(deletes)) if deletes else act.isNotNull()
-    output = joined.where(keep | (act.isNull() & t_here)).select(*outputs)
+    # merge-on-read: target rows of the table's files that no clause acts on stay where they
+    # are; those it updates or deletes get a deletion vector
+    output = joined.where(keep | (act.isNull() & t_here & ~in_place)).select(*outputs)
+    deleted = joined.where(t_here & act.isNotNull() & in_place) if merge_on_read else None
     changes = None
     if state.change_data and touched:  # as delta-spark: none when no target file is rewritten
         def of(action: str) -> Column:
@@ -429,7 +446,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
             (of("update"), F.struct(*before), UPDATE_PREIMAGE),
             (of("update"), after, UPDATE_POSTIMAGE),
             (of("delete"), F.struct(*before), DELETE), (of("insert"), after, INSERT)])
-    state.replace(touched, output, "MERGE", {}, parameters, changes)
+    state.replace(touched, output, "MERGE", {}, parameters, changes, deleted)
     metrics.update(observed(rewrite))
     if "numSourceRows" not in metrics:
         metrics.update(observed(source_rows) if not_matched else {})
@@ -568,6 +585,11 @@ def _files_where(state: RowLevelTable, target: DataFrame, matched: Column) -> li
     state.note_read(files)
     state.note_scan(files)
     return found
+
+
+def _all_in_place(state: RowLevelTable, touched: list[str]) -> bool:
+    """Whether every file of ``touched`` is a file of the table (none written by the batch)."""
+    return not any(state.in_batch(p) for p in touched)
 
 
 def _types(frame: DataFrame) -> dict[str, T.DataType]:

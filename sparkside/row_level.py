@@ -17,6 +17,12 @@ delta-spark writes them; where delta-spark writes none (a MERGE that rewrote no 
 whose condition names partition columns only, an append) the adds and removes say it all, unless
 another operation of the commit wrote change files: a change data reader then reads only those,
 so the implied changes are written as change files too (``write_record``).
+
+On a table with ``delta.enableDeletionVectors=true`` (and no change data feed) an operation is
+merge-on-read, as delta-spark's: the files of the table it touches are kept, the rows it deletes
+or updates marked in a deletion vector per file (``sparkside.deletion_vector_writes``), only the
+updated and inserted rows written as new files; a file whose every row goes is removed. Files an
+earlier operation of the batch wrote are still rewritten (they are in no Delta version yet).
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from percolake.lake.conflicts import log_entries_after
+from percolake.lake.deletion_vector_files import stored_descriptor
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import files_of_version, open_table
 from percolake.lake.read_set import (
@@ -45,15 +52,23 @@ from percolake.lake.read_set import (
 )
 from percolake.lake.schema_evolution import MAX_COLUMN_ID, merged_schema, type_widening_enabled
 from percolake.lake.schema_evolution import max_column_id as mapping_max_column_id
-from percolake.lake.warehouse import local_path, spark_uri
+from percolake.lake.warehouse import is_object_store, spark_uri
 from percolake.records import (
     AddFileRecord,
     ChangeFileRecord,
+    DeletionVectorRecord,
     RemoveFileRecord,
     TableWriteRecord,
     WriteMode,
 )
 from sparkside.column_mapping import ColumnMapping, by_name
+from sparkside.deletion_vector_writes import (
+    ROW_INDEX,
+    StoredVector,
+    deleted_by,
+    table_relative,
+    write_vectors,
+)
 from sparkside.errors import RowLevelWriteRefused
 from sparkside.file_scan import FileScan
 from sparkside.nested_fields import spark_type
@@ -65,6 +80,7 @@ FILE = "__percolake_file"  # the hidden column naming each row's data file
 USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
 SPARK_WRITE_MARK = "percolake:inside-batch:"
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+DELETION_VECTORS = "delta.enableDeletionVectors"
 CHANGE_TYPE = "_change_type"  # Delta's change data column and its values
 INSERT, DELETE = "insert", "delete"
 UPDATE_PREIMAGE, UPDATE_POSTIMAGE = "update_preimage", "update_postimage"
@@ -118,6 +134,12 @@ class RowLevelTable:
     partition_by: list[str]
     base: dict[str, AddFileRecord]  # the files of read_version, by relative path
     with_vectors: frozenset[str] = frozenset()  # files of read_version with a deletion vector
+    read_vectors: dict[str, dict] = field(default_factory=dict)  # their descriptors
+    # merge-on-read (delta.enableDeletionVectors): files of read_version kept with a new
+    # deletion vector (also in ``removed``), and each one's _metadata.file_path
+    merge_on_read: bool = False
+    kept: dict[str, DeletionVectorRecord] = field(default_factory=dict)
+    kept_as_read: dict[str, str] = field(default_factory=dict)
     removed: dict[str, RemoveFileRecord] = field(default_factory=dict)
     added: dict[str, AddFileRecord] = field(default_factory=dict)
     added_folders: dict[str, str] = field(default_factory=dict)  # added path -> its op folder
@@ -162,9 +184,15 @@ class RowLevelTable:
         protocol = delta.protocol()
         readers, writers = protocol.reader_features or [], protocol.writer_features or []
         vectors = deletion_vectors(table, version) if "deletionVectors" in readers else {}
+        # delta-spark's rule: the table enables them and its protocol has the feature. Not
+        # done here (copy-on-write instead): tables with the change data feed, object stores.
+        merge_on_read = (str(configuration.get(DELETION_VECTORS, "")).lower() == "true"
+                         and "deletionVectors" in writers and not change_data
+                         and not is_object_store(table))
         return cls(spark, table, location, version, files.schema_json,
                    list(files.partition_columns), {f.path: f for f in files.files},
-                   with_vectors=frozenset(vectors),
+                   with_vectors=frozenset(vectors), read_vectors=vectors,
+                   merge_on_read=merge_on_read,
                    mapping=ColumnMapping(files.schema_json) if mapped else None,
                    max_column_id=mapping_max_column_id(configuration, files.schema_json),
                    change_data=change_data,
@@ -178,9 +206,11 @@ class RowLevelTable:
         """The table as this batch's operations left it, with each row's file in FILE."""
         base = self._base()
         columns = base.columns
-        frame = base.select(*columns, F.col("_metadata.file_path").alias(FILE))
+        frame = base.select(*columns, F.col("_metadata.file_path").alias(FILE),
+                            *self._row_index())
         if self.removed_as_read:
             frame = frame.where(~F.col(FILE).isin(sorted(self.removed_as_read)))
+        frame = self._without_kept_rows(frame, self.kept_as_read.values())
         by_folder: dict[str, list[str]] = {}
         for path, folder in self.added_folders.items():
             by_folder.setdefault(folder, []).append(f"{self.table}/{path}")
@@ -198,7 +228,8 @@ class RowLevelTable:
         frame = None
         if of_base:
             frame = self._with_evolved(self._scan().rows(self._add_actions(of_base))).select(
-                *columns, F.col("_metadata.file_path").alias(FILE))
+                *columns, F.col("_metadata.file_path").alias(FILE), *self._row_index())
+            frame = self._without_kept_rows(frame, of_base)
         by_folder: dict[str, list[str]] = {}
         for spark_path in of_batch:
             path = self._relative(spark_path)
@@ -216,12 +247,28 @@ class RowLevelTable:
         FILE (a column-mapped table's files are read by physical name)."""
         reader = self.spark.read.option("basePath", spark_uri(folder))
         files = [spark_uri(p) for p in sorted(paths)]
+        extra = [F.col("_metadata.file_path").alias(FILE), *self._row_index()]
         if self.mapping is None:
             written = reader.schema(base.schema).parquet(*files)
-            return written.select(*base.columns, F.col("_metadata.file_path").alias(FILE))
+            return written.select(*base.columns, *extra)
         read = reader.schema(self.mapping.physical_struct()).parquet(*files)
-        return self.mapping.read_frame(read, F.col("_metadata.file_path").alias(FILE)) \
-            .select(*base.columns, FILE)
+        return self.mapping.read_frame(read, *extra).select(
+            *base.columns, FILE, *([ROW_INDEX] if self.merge_on_read else []))
+
+    def _row_index(self) -> list[Column]:
+        """The ROW_INDEX column of a read, on a merge-on-read table (none otherwise)."""
+        return [F.col("_metadata.row_index").alias(ROW_INDEX)] if self.merge_on_read else []
+
+    def _without_kept_rows(self, frame: DataFrame, files: Iterable[str]) -> DataFrame:
+        """``frame`` without the rows the batch's deletion vectors so far delete from
+        ``files`` (``_metadata.file_path`` values; those of no kept file are ignored)."""
+        by_path = {self.kept_as_read[p]: p for p in self.kept_as_read}
+        vectors = {spark_path: stored_descriptor(self.kept[by_path[spark_path]])
+                   for spark_path in set(files) if spark_path in by_path}
+        if not vectors:
+            return frame
+        deleted = deleted_by(self.spark, self.table, FILE, vectors)
+        return frame.join(deleted, [FILE, ROW_INDEX], "left_anti").select(*frame.columns)
 
     def _base(self) -> DataFrame:
         """The table at ``read_version``, with the columns this batch added (null)."""
@@ -324,7 +371,8 @@ class RowLevelTable:
 
     def replace(self, touched: Sequence[str], output: DataFrame | None, operation: str,
                 metrics: dict[str, int], parameters: dict[str, str] | None = None,
-                changes: DataFrame | None = None) -> dict[str, int]:
+                changes: DataFrame | None = None,
+                deleted: DataFrame | None = None) -> dict[str, int]:
         """Writes ``output`` (rows in the table's columns) as new files and replaces the files
         ``touched`` (``_metadata.file_path`` values) with them; adds the file and time metrics
         and records the operation's Delta ``parameters``. On a table with the change data
@@ -334,6 +382,12 @@ class RowLevelTable:
 
         A replaced file that carries a deletion vector is removed with it (the apply reads it
         from the log): its visible rows, the ones the rewrite read, are what it writes back.
+
+        Merge-on-read (``deleted`` given: the rows, with FILE and ROW_INDEX, that the
+        operation deletes or updates in files of the table, see ``merge_on_read_for``): the
+        touched files of the table are not replaced but kept with a deletion vector of those
+        rows (``output`` then holds only the new rows and the rows of touched files this batch
+        wrote); a file whose every row is deleted is removed.
         """
         scanned = time.monotonic()
         folder = f"{self.location}/op{len(self.operations)}"
@@ -351,25 +405,34 @@ class RowLevelTable:
             change_files = self._write_changes(changes, folder)
         elif self.change_data and adds:
             self._imply_inserts(adds, folder)
+        vectors = VectorCounts()
+        if deleted is not None:
+            vectors = self._keep_with_vectors(write_vectors(
+                deleted, FILE, self.table, self._table_relative_folder(folder),
+                {path: stored_descriptor(v) for path, v in self.kept.items()}
+                | {p: v for p, v in self.read_vectors.items() if p not in self.kept}),
+                {self._relative(p): p for p in touched})
         written = time.monotonic()
-        removed_files = removed_bytes = removed_vectors = 0
+        removed_files = removed_bytes = 0
         for spark_path in touched:
             path = self._relative(spark_path)
             if path in self.added:  # written by an earlier operation of this batch
                 self.added.pop(path)
                 self.added_folders.pop(path)
-            else:
+            elif deleted is None:
                 file = self.base[path]
                 self.removed[path] = RemoveFileRecord(path, file.size,
                                                       dict(file.partition_values))
                 self.removed_as_read.add(spark_path)
                 removed_files += 1
                 removed_bytes += file.size
-                removed_vectors += path in self.with_vectors
+                vectors.removed += path in self.with_vectors or path in self.kept
+                self.kept.pop(path, None)
+                self.kept_as_read.pop(path, None)
         metrics = {**metrics,
                    **_file_metrics(operation, len(adds), sum(a.size for a in adds),
-                                   removed_files, removed_bytes, removed_vectors,
-                                   change_files),
+                                   removed_files + vectors.files_removed, removed_bytes,
+                                   vectors, change_files),
                    **_time_metrics(operation, self.started or scanned, scanned, written)}
         self.operations.append(operation)
         self.parameters.append(dict(parameters or {}))
@@ -377,6 +440,61 @@ class RowLevelTable:
         self.operation_reads = []
         self.metrics_update(metrics)
         return metrics
+
+    def merge_on_read_for(self, touched: Sequence[str]) -> bool:
+        """Whether an operation touching ``touched`` keeps the table's files with deletion
+        vectors: the table enables them and every such file's statistics count its rows (a
+        file whose every row goes is removed instead)."""
+        if not self.merge_on_read:
+            return False
+        paths = [self._relative(p) for p in touched]
+        return all(self.base[p].stats and "numRecords" in json.loads(self.base[p].stats)
+                   for p in paths if p not in self.added)
+
+    def in_batch(self, spark_path: str) -> bool:
+        """Whether the file is one this batch wrote (not yet in any Delta version)."""
+        return self._relative(spark_path) in self.added
+
+    def in_place(self, touched: Sequence[str]) -> Column:
+        """True for the rows (of ``touched``) in files of the table, false for those in files
+        this batch wrote: on a merge-on-read operation the former get deletion vectors, the
+        latter are rewritten."""
+        ours = sorted(p for p in touched if self.in_batch(p))
+        return ~F.col(FILE).isin(ours) if ours else F.lit(True)
+
+    def _table_relative_folder(self, folder: str) -> str:
+        root = self.table.rstrip("/") + "/"
+        if not folder.startswith(root):
+            raise AssertionError(f"the attempt's folder {folder} is not in table {self.table}")
+        return folder[len(root):]
+
+    def _keep_with_vectors(self, stored: list[StoredVector],
+                           as_read: dict[str, str]) -> VectorCounts:
+        """Each file of the table with its new deletion vector: kept with it, or removed when
+        the vector deletes every row (as delta-spark does). ``as_read``: the touched files'
+        ``_metadata.file_path`` in ``current()``, by relative path."""
+        counts = VectorCounts()
+        for vector in stored:
+            path = table_relative(self.table, vector.file)
+            spark_path = as_read[path]
+            file = self.base[path]
+            had_vector = path in self.kept or path in self.read_vectors
+            self.removed[path] = RemoveFileRecord(path, file.size, dict(file.partition_values))
+            if vector.cardinality >= file.row_count():
+                self.kept.pop(path, None)
+                self.kept_as_read.pop(path, None)
+                self.removed_as_read.add(spark_path)
+                counts.files_removed += 1
+                counts.removed += had_vector
+                continue
+            self.kept[path] = DeletionVectorRecord(
+                path, vector.vector_path, vector.vector_file_size, vector.offset,
+                vector.size_in_bytes, vector.cardinality, file.modification_time,
+                _wide_bounds(file.stats))
+            self.kept_as_read[path] = spark_path
+            counts.updated += had_vector
+            counts.added += not had_vector
+        return counts
 
     def include_append(self, adds: Sequence[AddFileRecord], folder: str) -> None:
         """An append of the batch (``txn.write``), in call order (``RowLevelWrites``)."""
@@ -445,7 +563,8 @@ class RowLevelTable:
                                          separators=(",", ":")),
             operation_parameters=json.dumps(self.commit_parameters(), separators=(",", ":")),
             change_files=tuple(sorted(self.changes.values(), key=lambda c: c.path)),
-            read_set=ReadSet(self.isolation_level, union(self.reads)).to_json())
+            read_set=ReadSet(self.isolation_level, union(self.reads)).to_json(),
+            deletion_vectors=tuple(sorted(self.kept.values(), key=lambda v: v.path)))
 
     def commit_parameters(self) -> dict[str, str]:
         """The commit's operationParameters: one operation's own (as delta-spark writes
@@ -458,32 +577,47 @@ class RowLevelTable:
             separators=(",", ":"))}
 
     def _relative(self, spark_path: str) -> str:
-        root = _uri_path(self.table).rstrip("/") + "/"
-        key = unquote(urlparse(spark_path).path)
-        if not key.startswith(root):
-            raise AssertionError(f"Spark read {spark_path}, not a file of {self.table}")
-        path = key[len(root):]
+        path = table_relative(self.table, spark_path)
         if path not in self.added and path not in self.base:
             raise AssertionError(f"Spark read {spark_path}, not a file of {self.table} at "
                                  f"version {self.read_version} nor of this batch")
         return path
 
 
+@dataclass
+class VectorCounts:
+    """An operation's deletion vectors, as delta-spark counts them: files that get one
+    (added), whose vector grows (updated), removed files that had one (removed); and the
+    files a merge-on-read operation removed because every row went."""
+
+    added: int = 0
+    updated: int = 0
+    removed: int = 0
+    files_removed: int = 0
+
+
+def _wide_bounds(stats: str) -> str:
+    """A file's statistics once a deletion vector hides some of its rows: the same, its
+    minimum and maximum no longer tight (``tightBounds``), as delta-spark writes them."""
+    return json.dumps({**json.loads(stats), "tightBounds": False}, separators=(",", ":"))
+
+
 def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
-                  removed_bytes: int, removed_vectors: int,
+                  removed_bytes: int, vectors: VectorCounts,
                   change_files: int = 0) -> dict[str, int]:
-    """Delta's file metrics under the names its operation uses. Copy-on-write adds no
-    deletion vector; a removed file's vector is removed with it."""
+    """Delta's file metrics under the names its operation uses."""
     if operation == "MERGE":
         return {"numTargetFilesAdded": added, "numTargetFilesRemoved": removed,
                 "numTargetBytesAdded": added_bytes, "numTargetBytesRemoved": removed_bytes,
-                "numTargetDeletionVectorsAdded": 0, "numTargetDeletionVectorsUpdated": 0,
-                "numTargetDeletionVectorsRemoved": removed_vectors,
+                "numTargetDeletionVectorsAdded": vectors.added,
+                "numTargetDeletionVectorsUpdated": vectors.updated,
+                "numTargetDeletionVectorsRemoved": vectors.removed,
                 "numTargetChangeFilesAdded": change_files}
     return {"numAddedFiles": added, "numRemovedFiles": removed,
             "numAddedBytes": added_bytes, "numRemovedBytes": removed_bytes,
-            "numDeletionVectorsAdded": 0, "numDeletionVectorsUpdated": 0,
-            "numDeletionVectorsRemoved": removed_vectors, "numAddedChangeFiles": change_files}
+            "numDeletionVectorsAdded": vectors.added,
+            "numDeletionVectorsUpdated": vectors.updated,
+            "numDeletionVectorsRemoved": vectors.removed, "numAddedChangeFiles": change_files}
 
 
 def _time_metrics(operation: str, started: float, scanned: float,
@@ -511,13 +645,6 @@ def change_rows(frame: DataFrame, events: Sequence[tuple[Column, Column, str]]) 
     names = [f.name for f in exploded.schema[_EVENT].dataType[_ROW].dataType.fields]
     return exploded.select(*[event[_ROW][n].alias(n) for n in names],
                            event[CHANGE_TYPE].alias(CHANGE_TYPE))
-
-
-def _uri_path(uri: str) -> str:
-    """The path part of a table or file URI, decoded (local paths as they are on disk)."""
-    if "://" not in uri:
-        return local_path(uri)
-    return unquote(urlparse(uri).path)
 
 
 def observed(observation: Observation) -> dict[str, int]:

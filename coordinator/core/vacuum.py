@@ -139,8 +139,10 @@ class Vacuuming(CoreState):
             f"the write intent of transaction {txn.txn_id} (pipeline {txn.pipeline_id!r}, "
             f"{txn.state.value}, not applied yet), which adds them to the table",
             f"transaction {txn.txn_id}", None,
-            paths=frozenset(p for f in (*write.add_files, *write.change_files)
-                            for p in (f.path, unquote(f.path))))
+            paths=frozenset(p for path in (*(f.path for f in write.add_files),
+                                           *(f.path for f in write.change_files),
+                                           *(v.vector_path for v in write.deletion_vectors))
+                            for p in (path, unquote(path))))
             for txn, write in sorted(pending, key=lambda pair: pair[0].start_ts)]
 
 

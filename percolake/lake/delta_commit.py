@@ -45,6 +45,7 @@ from percolake.errors import FailedPrecondition, Unavailable
 from percolake.failpoints import fail_point
 from percolake.lake import in_commit_timestamps, storage
 from percolake.lake.checkpoints import last_checkpoint_version
+from percolake.lake.deletion_vector_files import stored_descriptor
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.log_entry import (
     add_action,
@@ -445,11 +446,18 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     for change in write.change_files:
         values = {physical.get(k, k): v for k, v in change.partition_values.items()}
         entry.append(change_action(change.path, change.size, values))
+    removes = {remove.path: remove for remove in write.remove_files}
     for remove in write.remove_files:
         values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
         entry.append(remove_action(remove.path, remove.size, values, now,
                                    data_change=write.data_change,
                                    deletion_vector=vectors.get(remove.path)))
+    for kept in write.deletion_vectors:  # the removed file again, with its new vector
+        remove = removes[kept.path]
+        values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
+        entry.append(add_action(
+            AddFileRecord(kept.path, remove.size, values, kept.modification_time, kept.stats),
+            data_change=write.data_change, deletion_vector=stored_descriptor(kept)))
     return entry
 
 

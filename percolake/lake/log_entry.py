@@ -37,10 +37,15 @@ def log_path(path: str) -> str:
     return quote(path, safe=_PATH_SAFE)
 
 
-def add_action(add: AddFileRecord, *, data_change: bool = True) -> dict[str, Any]:
-    return {"add": {"path": log_path(add.path), "partitionValues": dict(add.partition_values),
-                    "size": add.size, "modificationTime": add.modification_time,
-                    "dataChange": data_change, "stats": add.stats or "{}"}}
+def add_action(add: AddFileRecord, *, data_change: bool = True,
+               deletion_vector: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An add; with ``deletion_vector`` the file's rows that vector names are deleted."""
+    action = {"path": log_path(add.path), "partitionValues": dict(add.partition_values),
+              "size": add.size, "modificationTime": add.modification_time,
+              "dataChange": data_change, "stats": add.stats or "{}"}
+    if deletion_vector:
+        action["deletionVector"] = dict(deletion_vector)
+    return {"add": action}
 
 
 def remove_action(path: str, size: int, partition_values: Mapping[str, str | None],

@@ -76,7 +76,7 @@ from percolake.lake.warehouse import (
     local_path,
 )
 from percolake.parallel import leaf_submit
-from percolake.records import TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, ChangeFileRecord, TableWriteRecord, WriteMode
 
 MAX_NAMED = 5  # files named in one refusal
 MAX_REMEMBERED = 100_000  # partition value verdicts kept
@@ -289,6 +289,11 @@ class WriteChecker:
             if problem:
                 raise FailedPrecondition(f"table {table}: the batch does not fit the table at "
                                          f"version {layout.version}: {problem}")
+            if write.deletion_vectors and not layout.protocol.has("deletionVectors"):
+                raise FailedPrecondition(
+                    f"table {table}: the row-level write keeps files with deletion vectors, "
+                    "but the table's protocol has no deletionVectors feature (any more); "
+                    "retry the batch from a fresh read")
             if write.mode == WriteMode.ROW_LEVEL and write.read_version > layout.version:
                 raise FailedPrecondition(f"table {table}: read at version {write.read_version}"
                                          f", but its latest version is {layout.version}")
@@ -441,7 +446,7 @@ def _check_files(write: TableWriteRecord,
     root = local_path(write.table)
     missing: list[str] = []
     wrong: list[str] = []
-    for add in (*write.add_files, *write.change_files):
+    for add in _written_files(write):
         try:
             info = os.stat(os.path.join(root, add.path))
         except OSError:
@@ -454,6 +459,14 @@ def _check_files(write: TableWriteRecord,
     _refuse_files(write, missing, wrong)
 
 
+def _written_files(write: TableWriteRecord) -> list[AddFileRecord | ChangeFileRecord]:
+    """The files the write's attempt wrote: adds, change data files and deletion vector files
+    (each once, however many vectors it holds)."""
+    vectors = {v.vector_path: ChangeFileRecord(v.vector_path, v.vector_file_size)
+               for v in write.deletion_vectors}
+    return [*write.add_files, *write.change_files, *vectors.values()]
+
+
 def _start_listings(write: TableWriteRecord
                     ) -> dict[str, Future[dict[str, tuple[int, int | None]]]]:
     """On an object store, the listings ``_check_objects`` needs, started now: one recursive
@@ -461,7 +474,7 @@ def _start_listings(write: TableWriteRecord
     if not is_object_store(write.table):
         return {}
     folders = {"/".join(add.path.split("/")[:2])
-               for add in (*write.add_files, *write.change_files)
+               for add in _written_files(write)
                if add.path.startswith(f"{ATTEMPT_DIR}/") and add.path.count("/") >= 2}
     return {folder: leaf_submit(storage.list_files, f"{write.table}/{folder}")
             for folder in sorted(folders)}
@@ -477,7 +490,7 @@ def _check_objects(write: TableWriteRecord,
         sizes.update({f"{folder}/{path}": size for path, (size, _) in listing.result().items()})
     missing: list[str] = []
     wrong: list[str] = []
-    for add in (*write.add_files, *write.change_files):
+    for add in _written_files(write):
         listed_folder = "/".join(add.path.split("/")[:2]) in listings
         size = sizes.get(add.path) if listed_folder else storage.object_size(
             f"{write.table}/{add.path}")

@@ -110,7 +110,7 @@ class AddFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., partition_values: _Optional[_Mapping[str, str]] = ..., null_partition_columns: _Optional[_Iterable[str]] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class TableWrite(_message.Message):
-    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters", "change_files", "read_set")
+    __slots__ = ("table", "mode", "add_files", "schema_json", "partition_by", "replace_partitions", "merge_schema", "catalog_name", "remove_files", "read_version", "operation", "operation_metrics", "rearranges_only", "operation_parameters", "change_files", "read_set", "deletion_vectors")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADD_FILES_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class TableWrite(_message.Message):
     OPERATION_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FILES_FIELD_NUMBER: _ClassVar[int]
     READ_SET_FIELD_NUMBER: _ClassVar[int]
+    DELETION_VECTORS_FIELD_NUMBER: _ClassVar[int]
     table: str
     mode: WriteMode
     add_files: _containers.RepeatedCompositeFieldContainer[AddFile]
@@ -143,7 +144,28 @@ class TableWrite(_message.Message):
     operation_parameters: str
     change_files: _containers.RepeatedCompositeFieldContainer[ChangeFile]
     read_set: str
-    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ..., change_files: _Optional[_Iterable[_Union[ChangeFile, _Mapping]]] = ..., read_set: _Optional[str] = ...) -> None: ...
+    deletion_vectors: _containers.RepeatedCompositeFieldContainer[DeletionVectorUpdate]
+    def __init__(self, table: _Optional[str] = ..., mode: _Optional[_Union[WriteMode, str]] = ..., add_files: _Optional[_Iterable[_Union[AddFile, _Mapping]]] = ..., schema_json: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., replace_partitions: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., merge_schema: _Optional[bool] = ..., catalog_name: _Optional[str] = ..., remove_files: _Optional[_Iterable[_Union[RemoveFile, _Mapping]]] = ..., read_version: _Optional[int] = ..., operation: _Optional[str] = ..., operation_metrics: _Optional[str] = ..., rearranges_only: _Optional[bool] = ..., operation_parameters: _Optional[str] = ..., change_files: _Optional[_Iterable[_Union[ChangeFile, _Mapping]]] = ..., read_set: _Optional[str] = ..., deletion_vectors: _Optional[_Iterable[_Union[DeletionVectorUpdate, _Mapping]]] = ...) -> None: ...
+
+class DeletionVectorUpdate(_message.Message):
+    __slots__ = ("path", "vector_path", "vector_file_size", "offset", "size_in_bytes", "cardinality", "modification_time", "stats")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_PATH_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_IN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CARDINALITY_FIELD_NUMBER: _ClassVar[int]
+    MODIFICATION_TIME_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    vector_path: str
+    vector_file_size: int
+    offset: int
+    size_in_bytes: int
+    cardinality: int
+    modification_time: int
+    stats: str
+    def __init__(self, path: _Optional[str] = ..., vector_path: _Optional[str] = ..., vector_file_size: _Optional[int] = ..., offset: _Optional[int] = ..., size_in_bytes: _Optional[int] = ..., cardinality: _Optional[int] = ..., modification_time: _Optional[int] = ..., stats: _Optional[str] = ...) -> None: ...
 
 class ChangeFile(_message.Message):
     __slots__ = ("path", "size", "partition_values", "null_partition_columns")

@@ -25,10 +25,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from percolake.lake.arrow_read import read_delta_table
+from percolake.lake.deleted_rows import deleted_rows
+from percolake.lake.deletion_vectors import deletion_vectors
+from percolake.lake.delta_commit import files_of_version
 from sparkside import Participant
 from sparkside.errors import MultipleSourceRowsMatch, RowLevelWriteRefused
 from sparkside.merge_source import needs_materializing
 from tests.spark.helpers import committed_batches, transactions
+from tests.spark.test_version_checksum import checksum, validated
 
 pytestmark = pytest.mark.spark
 
@@ -440,8 +444,9 @@ def test_describe_history_shows_delta_sparks_operation_parameters_and_metric_nam
 def test_a_rewrite_of_files_with_deletion_vectors_removes_them_with_their_vectors(
         spark, lake_daemon, lake) -> None:  # noqa: ANN001
     """A delta-spark table with deletion vectors (rows deleted by delta-spark, one vector
-    found only in a checkpoint): percolake's UPDATE and MERGE rewrite the files' visible rows
-    and remove each file with its vector; delta-spark reads what its own operations make."""
+    found only in a checkpoint) that no longer enables them (copy-on-write, as delta-spark):
+    percolake's UPDATE and MERGE rewrite the files' visible rows and remove each file with its
+    vector; delta-spark reads what its own operations make."""
     participant = Participant(lake_daemon.target, pipeline_id=f"dv-{lake.name}")
     ours, theirs = lake / "dv", lake / "dv-reference"
     (spark.createDataFrame([(1, 1, "eu"), (2, 2, "eu"), (5, 5, "eu")], SCHEMA).coalesce(1)
@@ -453,6 +458,8 @@ def test_a_rewrite_of_files_with_deletion_vectors_removes_them_with_their_vector
     spark.sql(f"DELETE FROM delta.`{ours}` WHERE id = 4")  # and on us's file: version 3
     assert (ours / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
     (ours / "_delta_log" / f"{2:020d}.json").unlink()  # eu's vector now only in the checkpoint
+    spark.sql(f"ALTER TABLE delta.`{ours}` SET TBLPROPERTIES "  # version 4
+              "('delta.enableDeletionVectors' = 'false')")
     shutil.copytree(ours, theirs)
     source = spark.createDataFrame([(2, 20, "eu", "U"), (3, 0, "us", "D"), (9, 9, "ap", "U")],
                                    f"{SCHEMA}, op string")
@@ -470,9 +477,10 @@ def test_a_rewrite_of_files_with_deletion_vectors_removes_them_with_their_vector
     assert table_rows(spark, ours) == table_rows(spark, theirs) == [
         (2, 20, "eu"), (5, 50, "eu"), (9, 9, "ap")]
     entry = [json.loads(line) for line in
-             (ours / "_delta_log" / f"{4:020d}.json").read_text().splitlines()]
+             (ours / "_delta_log" / f"{5:020d}.json").read_text().splitlines()]
     removes = [a["remove"] for a in entry if "remove" in a]
     assert len(removes) == 2 and all(r.get("deletionVector") for r in removes), removes
+    assert not any(a["add"].get("deletionVector") for a in entry if "add" in a)
     info = entry[0]["commitInfo"]
     assert info["operation"] == "UPDATE,MERGE"
     metrics = info["operationMetrics"]
@@ -652,3 +660,106 @@ def test_a_merge_computes_a_non_delta_source_once_and_reads_a_delta_source_as_it
     assert needs_materializing(delta_source.withColumn("r", F.rand()), insert_only=False)
     assert sorted(r.value for r in spark.read.format("delta").load(str(ours))
                   .where("id >= 10").collect()) == [7] * 20
+
+
+def vector_cardinalities(table: Path, files: set[str]) -> dict[str, int]:
+    """The deletion vector cardinality of each of ``files`` at the table's latest version."""
+    version = RustTable(str(table)).version()
+    return {path: int(vector["cardinality"])
+            for path, vector in deletion_vectors(str(table), version, files).items()}
+
+
+def newest_entry(table: Path) -> list[dict]:
+    version = RustTable(str(table)).version()
+    return [json.loads(line) for line in
+            (table / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+
+
+def test_deletion_vectors_on_a_table_that_enables_them_as_delta_spark(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A delta-spark table with ``delta.enableDeletionVectors=true`` (one file per region, a
+    vector on eu's already): percolake's DELETE, UPDATE and MERGE keep the files with deletion
+    vectors as delta-spark's own operations do on a copy: the same rows, the same vectors on the
+    same files, the same history metrics, checksums delta-spark validates; delta-spark's
+    OPTIMIZE and DELETE work on top. percolake decodes delta-spark's vector to the rows it
+    deleted, and an aborted attempt's vector files are deleted."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"mor-{lake.name}")
+    ours, theirs = lake / "mor", lake / "mor-reference"
+    for n, region in enumerate(REGIONS):
+        rows = [(i, i * 7 % 100, region) for i in range(n * 20, n * 20 + 20)]
+        writer = spark.createDataFrame(rows, SCHEMA).coalesce(1).write.format("delta")
+        (writer.option("delta.enableDeletionVectors", "true") if n == 0
+         else writer.mode("append")).save(str(ours))
+    condition = "region = 'eu' AND id % 5 = 0"
+    expected = sorted(r[0] for r in spark.read.format("delta").load(str(ours))
+                      .where(condition).select("_metadata.row_index").collect())
+    spark.sql(f"DELETE FROM delta.`{ours}` WHERE {condition}")  # version 3: a vector on eu's
+    (eu_file, vector), = deletion_vectors(str(ours), 3).items()
+    assert deleted_rows(str(ours), vector).tolist() == expected  # delta-spark's own vector
+    shutil.copytree(ours, theirs)
+    originals = {f.path for f in files_of_version(str(ours), 3).files}
+    us_file, = {f.path for f in files_of_version(str(ours), 1).files} - {eu_file}
+
+    def delete_high(dt, src) -> None:  # noqa: ANN001
+        dt.delete("value > 70")
+
+    def update_us(dt, src) -> None:  # noqa: ANN001
+        dt.update("region = 'us' AND value < 30", {"value": "value + 1000"})
+
+    source = spark.createDataFrame(
+        [(1, 500, "eu", "U"), (2, 0, "eu", "D"), (3, 300, "eu", "U"), (99, 9, "ap", "U")],
+        f"{SCHEMA}, op string")
+    batches: list[list[Operation]] = [
+        [delete_high],  # every file: eu's vector updated, the others' added
+        [update_us, cdc_merge],  # one commit here, two there: same rows and vectors in the end
+        [lambda dt, src: dt.delete("region = 'ap' AND id < 99")],  # ap's file goes whole
+    ]
+    for batch_id, operations in enumerate(batches):
+        def run(df: DataFrame, b: int, txn, operations=operations) -> None:  # noqa: ANN001
+            for operation in operations:
+                operation(txn.delta_table(str(ours)), source)
+
+        participant.run_batch(spark.range(1), batch_id, run)
+        for operation in operations:
+            operation(DeltaTable.forPath(spark, str(theirs)), source)
+        assert table_rows(spark, ours) == table_rows(spark, theirs), batch_id
+        assert vector_cardinalities(ours, originals) == vector_cardinalities(theirs, originals)
+        version = RustTable(str(ours)).version()
+        crc = checksum(ours, version)
+        validated(spark, ours, version)
+        reference = checksum(theirs, RustTable(str(theirs)).version())
+        assert (crc["numDeletionVectorsOpt"], crc["numDeletedRecordsOpt"]) \
+            == (reference["numDeletionVectorsOpt"], reference["numDeletedRecordsOpt"])
+        entry = newest_entry(ours)
+        vectors = [a["add"]["deletionVector"] for a in entry
+                   if "add" in a and a["add"].get("deletionVector")]
+        assert all(v["storageType"] == "u" and v["pathOrInlineDv"].startswith("_percolake/")
+                   for v in vectors)
+        if len(operations) == 1:  # one commit on each side: delta-spark's metrics
+            got, wanted = history(spark, ours), history(spark, theirs)
+            for name in ("numDeletionVectorsAdded", "numDeletionVectorsUpdated",
+                         "numDeletionVectorsRemoved", "numRemovedFiles", "numAddedFiles",
+                         "numDeletedRows", "numCopiedRows"):
+                assert got["operationMetrics"][name] == wanted["operationMetrics"][name], name
+    assert set(vector_cardinalities(ours, originals)) == {eu_file, us_file}  # ap's file gone
+    assert history(spark, ours)["operationMetrics"]["numDeletionVectorsRemoved"] == "1"
+
+    # an aborted attempt's vector files go with its folder (I10)
+    def vector_files() -> set[Path]:
+        return set((ours / "_percolake").rglob("deletion_vector_*.bin"))
+
+    before = vector_files()
+
+    def failing(df: DataFrame, b: int, txn) -> None:  # noqa: ANN001
+        txn.delta_table(str(ours)).delete("id = 4")
+        assert vector_files() - before, "the DELETE stored a vector in the attempt's folder"
+        raise RuntimeError("a later write of the batch failed")
+
+    with pytest.raises(RuntimeError, match="later write"):
+        participant.run_batch(spark.range(1), len(batches), failing)
+    assert vector_files() == before
+
+    for table in (ours, theirs):  # delta-spark's own operations on top
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 3")
+        spark.sql(f"OPTIMIZE delta.`{table}`")
+    assert table_rows(spark, ours) == table_rows(spark, theirs)

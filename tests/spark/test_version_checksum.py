@@ -77,7 +77,7 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
 
     source = spark.createDataFrame([(2, 20, "eu"), (9, 9, "ap")], SCHEMA)
 
-    def merge(dt) -> None:  # noqa: ANN001 - rewrites the file with the vector (id 2)
+    def merge(dt) -> None:  # noqa: ANN001 - deletes id 2 by the file's vector, inserts anew
         (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
          .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
 
@@ -88,8 +88,10 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
     merge(DeltaTable.forPath(spark, str(theirs)))
     merged = checksum(ours, 3)
     assert_like_delta_sparks(merged, checksum(theirs, 3), same_files=False)
-    # copy-on-write: the file with the vector was removed with it, none is left
-    assert (merged["numDeletionVectorsOpt"], merged["numDeletedRecordsOpt"]) == (0, 0)
+    # merge-on-read: the file keeps a vector of both rows, as delta-spark's MERGE leaves it
+    assert (merged["numDeletionVectorsOpt"], merged["numDeletedRecordsOpt"]) == (1, 2)
+    assert merged["deletedRecordCountsHistogramOpt"] \
+        == checksum(theirs, 3)["deletedRecordCountsHistogramOpt"]
     assert validated(spark, ours, 3).tableSizeBytes() == merged["tableSizeBytes"]
 
     # the validation is live: a checksum one file off fails it, as it would delta-spark's writes
