@@ -605,19 +605,22 @@ def _wide_bounds(stats: str) -> str:
 def _file_metrics(operation: str, added: int, added_bytes: int, removed: int,
                   removed_bytes: int, vectors: VectorCounts,
                   change_files: int = 0) -> dict[str, int]:
-    """Delta's file metrics under the names its operation uses."""
+    """Delta's file metrics under the names its operation uses. As delta-spark's history
+    shows them, an updated deletion vector counts as one added and one removed too."""
+    vectors_added, vectors_removed = vectors.added + vectors.updated, \
+        vectors.removed + vectors.updated
     if operation == "MERGE":
         return {"numTargetFilesAdded": added, "numTargetFilesRemoved": removed,
                 "numTargetBytesAdded": added_bytes, "numTargetBytesRemoved": removed_bytes,
-                "numTargetDeletionVectorsAdded": vectors.added,
+                "numTargetDeletionVectorsAdded": vectors_added,
                 "numTargetDeletionVectorsUpdated": vectors.updated,
-                "numTargetDeletionVectorsRemoved": vectors.removed,
+                "numTargetDeletionVectorsRemoved": vectors_removed,
                 "numTargetChangeFilesAdded": change_files}
     return {"numAddedFiles": added, "numRemovedFiles": removed,
             "numAddedBytes": added_bytes, "numRemovedBytes": removed_bytes,
-            "numDeletionVectorsAdded": vectors.added,
+            "numDeletionVectorsAdded": vectors_added,
             "numDeletionVectorsUpdated": vectors.updated,
-            "numDeletionVectorsRemoved": vectors.removed, "numAddedChangeFiles": change_files}
+            "numDeletionVectorsRemoved": vectors_removed, "numAddedChangeFiles": change_files}
 
 
 def _time_metrics(operation: str, started: float, scanned: float,

@@ -707,11 +707,26 @@ def test_deletion_vectors_on_a_table_that_enables_them_as_delta_spark(
         dt.update("region = 'us' AND value < 30", {"value": "value + 1000"})
 
     source = spark.createDataFrame(
-        [(1, 500, "eu", "U"), (2, 0, "eu", "D"), (3, 300, "eu", "U"), (99, 9, "ap", "U")],
+        [(1, 500, "eu", "U"), (2, 0, "eu", "D"), (3, 300, "eu", "U"), (99, 9, "ap", "U"),
+         (29, 0, "us", "D"), (33, 333, "us", "U")],  # 29: a row update_us moved
         f"{SCHEMA}, op string")
+    dv_metrics = ("DeletionVectorsAdded", "DeletionVectorsUpdated", "DeletionVectorsRemoved")
+    compared = {  # the history metrics compared with delta-spark's, by operation
+        "DELETE": ["numDeletedRows", "numCopiedRows", "numRemovedFiles", "numAddedFiles",
+                   *[f"num{m}" for m in dv_metrics]],
+        "UPDATE": ["numUpdatedRows", "numCopiedRows", "numRemovedFiles",
+                   *[f"num{m}" for m in dv_metrics]],
+        "MERGE": ["numTargetRowsUpdated", "numTargetRowsDeleted", "numTargetRowsInserted",
+                  "numTargetRowsCopied", "numTargetFilesRemoved",
+                  *[f"numTarget{m}" for m in dv_metrics]]}
     batches: list[list[Operation]] = [
         [delete_high],  # every file: eu's vector updated, the others' added
-        [update_us, cdc_merge],  # one commit here, two there: same rows and vectors in the end
+        [update_us],
+        [cdc_merge],  # 29: a row the UPDATE moved into a new file, which gets a vector
+        # one commit here, two there: the DELETE sees the UPDATE's vector on us's file, and
+        # rewrites the UPDATE's new file (in no version yet); the same vectors on the files
+        [lambda dt, src: dt.update("region = 'us' AND value < 60", {"value": "value + 2000"}),
+         lambda dt, src: dt.delete("region = 'us' AND id % 2 = 0")],
         [lambda dt, src: dt.delete("region = 'ap' AND id < 99")],  # ap's file goes whole
     ]
     for batch_id, operations in enumerate(batches):
@@ -727,20 +742,24 @@ def test_deletion_vectors_on_a_table_that_enables_them_as_delta_spark(
         version = RustTable(str(ours)).version()
         crc = checksum(ours, version)
         validated(spark, ours, version)
-        reference = checksum(theirs, RustTable(str(theirs)).version())
+        cardinalities = vector_cardinalities(ours, {f.path for f in files_of_version(
+            str(ours), version).files})
         assert (crc["numDeletionVectorsOpt"], crc["numDeletedRecordsOpt"]) \
-            == (reference["numDeletionVectorsOpt"], reference["numDeletedRecordsOpt"])
+            == (len(cardinalities), sum(cardinalities.values()))
         entry = newest_entry(ours)
         vectors = [a["add"]["deletionVector"] for a in entry
                    if "add" in a and a["add"].get("deletionVector")]
         assert all(v["storageType"] == "u" and v["pathOrInlineDv"].startswith("_percolake/")
                    for v in vectors)
         if len(operations) == 1:  # one commit on each side: delta-spark's metrics
+            reference = checksum(theirs, RustTable(str(theirs)).version())
+            if batch_id < 3:  # later, theirs has a vector on its UPDATE's new file
+                assert (crc["numDeletionVectorsOpt"], crc["numDeletedRecordsOpt"]) == (
+                    reference["numDeletionVectorsOpt"], reference["numDeletedRecordsOpt"])
             got, wanted = history(spark, ours), history(spark, theirs)
-            for name in ("numDeletionVectorsAdded", "numDeletionVectorsUpdated",
-                         "numDeletionVectorsRemoved", "numRemovedFiles", "numAddedFiles",
-                         "numDeletedRows", "numCopiedRows"):
-                assert got["operationMetrics"][name] == wanted["operationMetrics"][name], name
+            names = compared[got["operation"]]
+            assert {n: got["operationMetrics"][n] for n in names} \
+                == {n: wanted["operationMetrics"][n] for n in names}, batch_id
     assert set(vector_cardinalities(ours, originals)) == {eu_file, us_file}  # ap's file gone
     assert history(spark, ours)["operationMetrics"]["numDeletionVectorsRemoved"] == "1"
 
