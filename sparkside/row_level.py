@@ -429,10 +429,13 @@ class RowLevelTable:
                 vectors.removed += path in self.with_vectors or path in self.kept
                 self.kept.pop(path, None)
                 self.kept_as_read.pop(path, None)
+        # delta-spark counts the files a merge-on-read operation removes whole; its UPDATE
+        # counts those given a vector too
+        removed_files += vectors.files_removed + (
+            vectors.added + vectors.updated if operation == "UPDATE" else 0)
         metrics = {**metrics,
                    **_file_metrics(operation, len(adds), sum(a.size for a in adds),
-                                   removed_files + vectors.files_removed, removed_bytes,
-                                   vectors, change_files),
+                                   removed_files, removed_bytes, vectors, change_files),
                    **_time_metrics(operation, self.started or scanned, scanned, written)}
         self.operations.append(operation)
         self.parameters.append(dict(parameters or {}))
