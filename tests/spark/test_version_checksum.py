@@ -90,8 +90,10 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
     assert_like_delta_sparks(merged, checksum(theirs, 3), same_files=False)
     # merge-on-read: the file keeps a vector of both rows, as delta-spark's MERGE leaves it
     assert (merged["numDeletionVectorsOpt"], merged["numDeletedRecordsOpt"]) == (1, 2)
-    assert merged["deletedRecordCountsHistogramOpt"] \
-        == checksum(theirs, 3)["deletedRecordCountsHistogramOpt"]
+    # the files with deleted rows alike (the first bin counts files without: the new files,
+    # which the two writers split differently)
+    assert merged["deletedRecordCountsHistogramOpt"]["deletedRecordCounts"][1:] \
+        == checksum(theirs, 3)["deletedRecordCountsHistogramOpt"]["deletedRecordCounts"][1:]
     assert validated(spark, ours, 3).tableSizeBytes() == merged["tableSizeBytes"]
 
     # the validation is live: a checksum one file off fails it, as it would delta-spark's writes
