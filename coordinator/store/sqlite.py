@@ -64,8 +64,8 @@ log = logging.getLogger("percolake.store")
 
 
 # Only the columns a transition changes are set: SQLite rewrites the entries of every index
-# whose columns an UPDATE names, so naming the identity columns (fixed at insert) would dirty
-# five index pages more per transition, for nothing (each is checked equal instead).
+# whose columns an UPDATE names, so naming the identity columns (fixed at insert) would
+# rewrite three indexes' entries per transition, for nothing (each is checked equal instead).
 _UPDATE_TXN = (
     f"UPDATE transactions SET {', '.join(f'{c} = :{c}' for c in TXN_UPDATED_COLUMNS)} "
     "WHERE row_version = :expected AND "
