@@ -408,6 +408,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         count_of("not_matched_by_source", "update", "numTargetRowsNotMatchedBySourceUpdated"),
         count_of("not_matched_by_source", "delete", "numTargetRowsNotMatchedBySourceDeleted"),
         F.sum(F.when(act.isNull() & t_here, 1).otherwise(0)).alias("numTargetRowsCopied"))
+
     def current(name: str) -> Column | None:
         return None if rewritten is None else rewritten[name]
 
