@@ -186,6 +186,16 @@ class TableWriteRecord:
                                    for v in data.get("deletion_vectors", ())),
         )
 
+    def with_table(self, table: str) -> TableWriteRecord:
+        """This intent under another name of its table (its canonical one), without
+        ``dataclasses.replace``'s walk over every field: only the table's name differs, so
+        the memoised row count stays and the encoding, which names the table, goes."""
+        renamed = object.__new__(TableWriteRecord)
+        renamed.__dict__.update(self.__dict__)
+        renamed.__dict__.pop("_json_text", None)
+        renamed.__dict__["table"] = table  # frozen: set as __init__ would
+        return renamed
+
     def row_count(self) -> int:
         """The files' numRecords added up; every reply shows it: the stats are parsed once
         (memoised without a lock, as ``json_text``)."""

@@ -12,6 +12,10 @@ import enum
 
 
 class TxnState(enum.Enum):
+    # members are singletons compared by identity: hashed by identity too, in C (Enum's own
+    # __hash__ is a Python call, paid by every state set and dict lookup of every request)
+    __hash__ = object.__hash__
+
     OPEN = "OPEN"
     PREWRITTEN = "PREWRITTEN"
     COMMITTED = "COMMITTED"

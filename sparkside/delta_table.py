@@ -9,7 +9,7 @@ the rest of the batch, exactly once (docs/row-level-writes.md).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,9 +17,18 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sparkside.assignments import (
+    Assigned,
+    Path,
+    assigned_value,
+    by_column,
+    check_paths,
+    key_path,
+    merge_key_path,
+)
 from sparkside.deletion_vector_writes import ROW_INDEX
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
-from sparkside.merge_evolution import evolving_source_schema, fitted
+from sparkside.merge_evolution import evolving_source_schema
 from sparkside.merge_source import merge_source
 from sparkside.row_level import (
     DELETE,
@@ -98,7 +107,11 @@ class TransactionDeltaTable:
         state = self._state()
         state.start()
         target = self._frame(state)
-        names = _resolve(state, assignments, "UPDATE")
+        paths = {key: key_path(target, key) for key in assignments}
+        check_paths(_table_struct(target, state.columns()), list(paths.values()))
+        types = _types(target)
+        new = _new_values(paths, assignments, _types_of(target, assignments), state.columns(),
+                          types, current=F.col, allow_missing=False)
         parameters = {"predicate": _predicates([_resolved(target, condition)]
                                                if condition is not None else [])}
         matched = F.coalesce(condition_column(condition), F.lit(False))
@@ -114,17 +127,16 @@ class TransactionDeltaTable:
         rows = read.observe(
             observation, F.sum(F.when(matched, 1).otherwise(0)).alias("numUpdatedRows"),
             F.sum(F.when(matched | in_place, 0).otherwise(1)).alias("numCopiedRows"))
-        types = _types(target)
         # merge-on-read: the updated rows (and the rows of files this batch wrote) are written,
         # the old versions of updated rows deleted by a deletion vector
         output = rows.where(matched | ~in_place).select(*[
-            F.when(matched, assignments[names[c]].cast(types[c])).otherwise(F.col(c)).alias(c)
-            if c in names else F.col(c) for c in state.columns()])
+            F.when(matched, new[c]).otherwise(F.col(c)).alias(c) if c in new else F.col(c)
+            for c in state.columns()])
         deleted = rows.where(matched & in_place) if merge_on_read else None
         changes = None
         if state.change_data:
-            updated = F.struct(*[assignments[names[c]].cast(types[c]).alias(c) if c in names
-                                 else read[c] for c in state.columns()])
+            updated = F.struct(*[new[c].alias(c) if c in new else read[c]
+                                 for c in state.columns()])
             changes = change_rows(read, [
                 (matched, _row(read, state.columns()), UPDATE_PREIMAGE),
                 (matched, updated, UPDATE_POSTIMAGE)])
@@ -160,6 +172,7 @@ class _Clause:
     action: str  # "update", "delete", "insert"
     assignments: dict[str, Column] | None = None  # None with update/insert: all columns
     star: bool = False  # UpdateAll/InsertAll, its assignments made by ``_all_columns``
+    targets: dict[str, Path] | None = None  # each assignment key's column path, resolved
 
 
 class TransactionMergeBuilder:
@@ -228,20 +241,22 @@ class TransactionMergeBuilder:
         state = self._table._state()
         state.start()
         target = self._table._frame(state)
+        clauses = _with_targets(self._clauses, target, self._source, state.columns(),
+                                self._schema_evolution)
         if self._schema_evolution:
             evolving = evolving_source_schema(
-                self._source.schema, state.columns(),
-                star=any(c.assignments is None and c.action != "delete" for c in self._clauses),
-                assigned=[k for c in self._clauses if c.assignments is not None
-                          and c.kind != "not_matched_by_source" for k in c.assignments])
+                self._source.schema, _table_struct(target, state.columns()),
+                star=any(c.assignments is None and c.action != "delete" for c in clauses),
+                assigned=[p for c in clauses if c.targets is not None
+                          and c.kind != "not_matched_by_source" for p in c.targets.values()])
             if evolving is not None:
                 state.evolve(evolving)
                 target = self._table._frame(state)
         insert_only = all(c.kind == "not_matched" for c in self._clauses)
         with merge_source(self._source, insert_only) as source:
             metrics = _merge(state, self._table, target, source.frame, self._condition,
-                             self._clauses, _merge_parameters(target, self._source,
-                                                              self._condition, self._clauses),
+                             clauses, _merge_parameters(target, self._source,
+                                                        self._condition, clauses),
                              self._schema_evolution)
         metrics["materializeSourceTimeMs"] = source.materialize_ms
         state.metrics_update(metrics)
@@ -342,12 +357,7 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     """The copy-on-write MERGE (docs/row-level-writes.md): touched files, then one rewrite."""
     columns = state.columns()
     types = _types(target)
-    column_types = {f["name"]: f["type"] for f in json.loads(state.schema_json)["fields"]}
     clauses = tuple(_all_columns(c, state, source, schema_evolution) for c in clauses)
-    resolved = {i: _resolve(state, c.assignments, "UPDATE" if c.action == "update" else "INSERT",
-                            source.columns if schema_evolution and c.kind != "not_matched_by_source"
-                            else None)
-                for i, c in enumerate(clauses) if c.assignments is not None}
     matched = [c for c in clauses if c.kind == "matched"]
     not_matched = [c for c in clauses if c.kind == "not_matched"]
     by_source = [c for c in clauses if c.kind == "not_matched_by_source"]
@@ -412,6 +422,17 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         count_of("not_matched_by_source", "delete", "numTargetRowsNotMatchedBySourceDeleted"),
         F.sum(F.when(act.isNull() & t_here & ~in_place, 1).otherwise(0))
         .alias("numTargetRowsCopied"))
+
+    def current(name: str) -> Column | None:
+        return None if rewritten is None else rewritten[name]
+
+    new = {i: _new_values(c.targets or {}, c.assignments,
+                          {k: value_types[i, k] for k in c.assignments}, columns, types,
+                          current, schema_evolution,
+                          # UpdateAll with schema evolution keeps the fields the source lacks
+                          current if c.star and c.action == "update" and schema_evolution
+                          else lambda _: None)
+           for i, c in numbered if c.assignments is not None}
     outputs, before = [], []
     for name in columns:
         value = F.lit(None).cast(types[name]) if rewritten is None else rewritten[name]
@@ -419,12 +440,8 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
         for i, clause in reversed(numbered):
             if clause.action == "delete":
                 continue
-            key = resolved[i].get(name)
-            if key is not None:
-                kept = rewritten[name] if clause.star and clause.action == "update" \
-                    and schema_evolution else None
-                assigned = fitted(clause.assignments[key], value_types[i, key],
-                                  column_types[name], schema_evolution, name, kept)
+            assigned = new[i].get(name)
+            if assigned is not None:
                 value = F.when(act == i, assigned).otherwise(value)
             elif clause.action == "insert":
                 value = F.when(act == i, F.lit(None).cast(types[name])).otherwise(value)
@@ -510,9 +527,10 @@ def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame,
     by_name = {c.lower(): c for c in source.columns}
     missing = [c for c in state.columns() if c.lower() not in by_name]
     if schema_evolution:
-        return replace(clause, star=True, assignments={c: source[by_name[c.lower()]]
-                                                       for c in state.columns()
-                                                       if c not in missing})
+        present = [c for c in state.columns() if c not in missing]
+        return replace(clause, star=True,
+                       assignments={c: source[by_name[c.lower()]] for c in present},
+                       targets={c: (c,) for c in present})
     if missing:
         raise MergeClauseError(
             f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {missing} in "
@@ -520,7 +538,8 @@ def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame,
             f"{source.columns} of the source (without withSchemaEvolution every target "
             "column must be in the source).")
     return replace(clause, star=True,
-                   assignments={c: source[by_name[c.lower()]] for c in state.columns()})
+                   assignments={c: source[by_name[c.lower()]] for c in state.columns()},
+                   targets={c: (c,) for c in state.columns()})
 
 
 def _value_types(joined: DataFrame, clauses: tuple[_Clause, ...]) -> dict[tuple[int, str],
@@ -529,30 +548,55 @@ def _value_types(joined: DataFrame, clauses: tuple[_Clause, ...]) -> dict[tuple[
     the MERGE's join (one analysis, no job)."""
     keys = [(i, key, value) for i, c in enumerate(clauses) if c.assignments is not None
             for key, value in c.assignments.items()]
-    if not keys:
+    found = _types_of(joined, {str(n): value for n, (_, _, value) in enumerate(keys)})
+    return {(i, key): found[str(n)] for n, (i, key, _) in enumerate(keys)}
+
+
+def _types_of(frame: DataFrame, values: dict[str, Column]) -> dict[str, T.DataType]:
+    """The Spark type of each value (by key), resolved on ``frame`` (one analysis, no job)."""
+    if not values:
         return {}
-    schema = joined.select(*[v.alias(f"v{n}") for n, (_, _, v) in enumerate(keys)]).schema
-    return {(i, key): schema.fields[n].dataType for n, (i, key, _) in enumerate(keys)}
+    schema = frame.select(*[v.alias(f"v{n}") for n, v in enumerate(values.values())]).schema
+    return {key: schema.fields[n].dataType for n, key in enumerate(values)}
 
 
-def _resolve(state: RowLevelTable, assignments: dict[str, Column], what: str,
-             given: list[str] | None = None) -> dict[str, str]:
-    """Target column -> the key of ``assignments`` that sets it (names are case-insensitive,
-    as delta-spark resolves them). ``given``: the columns a key may name, as delta-spark's
-    error lists them (the source's with schema evolution; default the table's)."""
-    by_name = {c.lower(): c for c in state.columns()}
-    resolved: dict[str, str] = {}
-    for key in assignments:
-        column = by_name.get(key.lower())
-        if column is None:
-            raise MergeClauseError(
-                f"[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve {key} in {what} clause "
-                f"given columns {', '.join(given or state.columns())}.")
-        if column in resolved:
-            raise MergeClauseError(f"[DELTA_DUPLICATE_COLUMNS_FOUND] {what} assigns column "
-                                   f"{column} twice")
-        resolved[column] = key
+def _with_targets(clauses: tuple[_Clause, ...], target: DataFrame, source: DataFrame,
+                  columns: list[str], schema_evolution: bool) -> tuple[_Clause, ...]:
+    """The clauses with their keys resolved to column paths (``sparkside.assignments``: on
+    the table, else with schema evolution a matched update's or an insert's on the source),
+    then checked as delta-spark checks them, matched clauses first, inserts last; before
+    anything is evolved or written."""
+    resolved = tuple(c if c.assignments is None else replace(c, targets={
+        key: merge_key_path(key, target, source, columns,
+                            "UPDATE" if c.action == "update" else "INSERT",
+                            schema_evolution and c.kind != "not_matched_by_source")
+        for key in c.assignments}) for c in clauses)
+    table = _table_struct(target, columns)
+    for kind in ("matched", "not_matched_by_source", "not_matched"):
+        for clause in resolved:
+            if clause.kind == kind and clause.targets is not None:
+                check_paths(table, list(clause.targets.values()),
+                            insert=clause.action == "insert")
     return resolved
+
+
+def _new_values(paths: dict[str, Path], values: dict[str, Column],
+                value_types: dict[str, T.DataType], columns: Sequence[str],
+                types: dict[str, T.DataType], current: Callable[[str], Column | None],
+                allow_missing: bool,
+                kept: Callable[[str], Column | None] = lambda _: None) -> dict[str, Column]:
+    """Each column a clause's keys assign (their resolved ``paths``), by name: its new value
+    given its ``current`` one (``sparkside.assignments``); ``kept``: an UpdateAll's."""
+    return {column: assigned_value(
+                current(column), types[column],
+                [Assigned(paths[k][1:], values[k], value_types[k]) for k in keys],
+                allow_missing, kept(column))
+            for column, keys in by_column(paths, columns).items()}
+
+
+def _table_struct(target: DataFrame, columns: Sequence[str]) -> T.StructType:
+    """The table's columns of ``target`` (without the hidden ones) as a Spark struct."""
+    return T.StructType([target.schema[c] for c in columns])
 
 
 def _row(frame: DataFrame, columns: list[str]) -> Column:

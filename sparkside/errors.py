@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class PercolakeError(RuntimeError):
     """Base class of every percolake error on the Spark side."""
@@ -89,4 +91,9 @@ class MultipleSourceRowsMatch(PercolakeError):
 
 class MergeClauseError(PercolakeError, ValueError):
     """A MERGE's clauses that delta-spark refuses too (e.g. a clause without a condition
-    before another of its kind)."""
+    before another of its kind); its message starts with delta-spark's error class."""
+
+    def getCondition(self) -> str | None:  # noqa: N802 - PySpark's name for it
+        """delta-spark's error class, as its ``AnalysisException.getCondition()`` gives it."""
+        found = re.match(r"\[([A-Z_.]+)\]", str(self))
+        return found.group(1) if found else None

@@ -21,6 +21,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from percolake.lake.log_entry import log_path
 from percolake.lake.warehouse import spark_uri
 
 
@@ -63,6 +64,14 @@ class FileScan:
                 add = files.next()
                 found[add.path()] = add
         return found
+
+    def spark_path(self, relative: str) -> str:
+        """The ``_metadata.file_path`` Spark gives the rows of the table's file at
+        ``relative`` (its real path below the table root): delta-spark's own resolution of a
+        log path against the table, URI-encoded as Spark spells file paths."""
+        operations = self.spark._jvm.org.apache.spark.sql.delta.util.DeltaFileOperations
+        return operations.absolutePath(self.log.dataPath().toString(),
+                                       log_path(relative)).toUri().toString()
 
     def add_actions(self, paths: Iterable[str]) -> list[Any]:
         """The snapshot's add actions whose ``path`` is one of ``paths`` (as the log spells

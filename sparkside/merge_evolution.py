@@ -2,98 +2,229 @@
 docs/row-level-writes.md, schema evolution):
 
 - the source columns merged into the table's schema are all of them with an ``UpdateAll`` or
-  ``InsertAll`` clause, else those an explicit ``set`` of a matched update or ``values`` of an
-  insert names (case-insensitively): a column the table lacks is added (after the table's, in
-  the source's order, with the source column's type, whatever expression is assigned to it);
-  nested struct fields the source has and the table lacks are added to the table's structs
-  (also those of arrays and map values); a column whose source type widens the table's is
-  widened on a table with ``delta.enableTypeWidening=true``; any other type difference keeps
-  the table's type and the value is cast to it. ``whenNotMatchedBySourceUpdate`` adds nothing;
-- an assigned struct is matched to the column's by field name; a field it lacks is null,
-  except in ``UpdateAll``, where the row keeps the target's value of that field (a source
-  struct that lacks none is assigned whole: null stays null). Without schema evolution a
-  struct whose fields are not the column's is refused, as delta-spark refuses it.
+  ``InsertAll`` clause, else those the keys of an explicit ``set`` of a matched update or
+  ``values`` of an insert name (resolved, ``sparkside.assignments``; a nested key ``s.z``
+  names the source's field ``z`` of ``s`` only): a column the table lacks is added (after the
+  table's, in the source's order, with the source column's type, whatever expression is
+  assigned to it); nested struct fields the source has and the table lacks are added to the
+  table's structs (also those of arrays and map values); names match the table's case aside;
+  a column whose source type widens the table's is widened on a table with
+  ``delta.enableTypeWidening=true``; any other type difference keeps the table's type and the
+  value is cast to it. ``whenNotMatchedBySourceUpdate`` adds nothing;
+- an assigned struct (in a MERGE or an UPDATE, with or without schema evolution) is matched
+  to the column's by field name, case aside (``fitted``); with schema evolution a field it
+  lacks is null, except in ``UpdateAll``, where the row keeps the target's value of that
+  field; a null struct stays null (unless the target's kept fields are not). A struct with a
+  field the column lacks, or without schema evolution one lacking a field of the column, is
+  refused, as delta-spark refuses it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkside.column_mapping import by_name
 from sparkside.errors import MergeClauseError
-from sparkside.nested_fields import spark_type
 from sparkside.writer import struct_schema_json
 
 SCHEMA_MISMATCH_CLASS = "[DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION]"
 
 
-def evolving_source_schema(source: T.StructType, table_columns: Sequence[str], star: bool,
-                           assigned: Iterable[str]) -> str | None:
+def evolving_source_schema(source: T.StructType, table: T.StructType, star: bool,
+                           assigned: Iterable[Sequence[str]]) -> str | None:
     """The Delta schema JSON of the source columns a MERGE with schema evolution merges into
     the table (module doc): every one with ``star`` (an UpdateAll or InsertAll clause), else
-    those the names ``assigned`` (keys of matched updates' ``set`` and inserts' ``values``)
-    name; each named as the table names it where they differ only in case. None: none."""
-    wanted = {name.lower() for name in assigned}
-    table = {c.lower(): c for c in table_columns}
-    fields = [T.StructField(table.get(f.name.lower(), f.name), f.dataType, True)
-              for f in source.fields if star or f.name.lower() in wanted]
+    those the ``assigned`` paths (matched updates' and inserts' keys, resolved) name, and of
+    a struct only its fields they name; columns and nested fields named as the table names
+    them where they differ only in case. None: none."""
+    paths = [tuple(part.lower() for part in path) for path in assigned]
+    kept = _assigned_fields(source, (), paths, star)
+    fields = [T.StructField(_table_name(table, f.name),
+                            _in_table_case(f.dataType, _field_type(table, f.name)), True)
+              for f in kept.fields]
     return struct_schema_json(T.StructType(fields)) if fields else None
 
 
-def fitted(value: Column, value_type: T.DataType, column_type: Any, evolving: bool,
-           column: str, kept: Column | None = None) -> Column:
-    """``value`` (of Spark type ``value_type``) assigned to the table's column ``column`` of
-    (parsed) Delta type ``column_type``: nested struct fields matched by name, cast to the
-    column's type (module doc). ``kept``: an UpdateAll's target value, whose fields stay where
-    the source struct lacks them.
+def _assigned_fields(struct: T.StructType, prefix: tuple[str, ...],
+                     paths: list[tuple[str, ...]], star: bool) -> T.StructType:
+    """The fields of ``struct`` (at path ``prefix``) a clause assigns: named whole by a path,
+    or structs with fields below them named; everything with ``star``."""
+    kept = []
+    for field in struct.fields:
+        path = (*prefix, field.name.lower())
+        below = [p for p in paths if len(p) > len(path) and p[:len(path)] == path]
+        if path in paths:
+            kept.append(field)
+        elif isinstance(field.dataType, T.StructType) and (below or star):
+            kept.append(T.StructField(field.name, _assigned_fields(
+                field.dataType, path, paths, star), field.nullable, field.metadata))
+        elif star:
+            kept.append(field)
+    return T.StructType(kept)
+
+
+def _in_table_case(data_type: T.DataType, table_type: T.DataType | None) -> T.DataType:
+    """``data_type`` with each nested struct field the table has (case aside) named as the
+    table names it, so that merging the schemas matches them as delta-spark does."""
+    if isinstance(data_type, T.StructType) and isinstance(table_type, T.StructType):
+        return T.StructType([
+            T.StructField(_table_name(table_type, f.name),
+                          _in_table_case(f.dataType, _field_type(table_type, f.name)),
+                          f.nullable, f.metadata) for f in data_type.fields])
+    if isinstance(data_type, T.ArrayType) and isinstance(table_type, T.ArrayType):
+        return T.ArrayType(_in_table_case(data_type.elementType, table_type.elementType),
+                           data_type.containsNull)
+    if isinstance(data_type, T.MapType) and isinstance(table_type, T.MapType):
+        return T.MapType(data_type.keyType,
+                         _in_table_case(data_type.valueType, table_type.valueType),
+                         data_type.valueContainsNull)
+    return data_type
+
+
+def _table_name(struct: T.StructType, name: str) -> str:
+    return next((f.name for f in struct.fields if f.name.lower() == name.lower()), name)
+
+
+def _field_type(struct: T.StructType, name: str) -> T.DataType | None:
+    return next((f.dataType for f in struct.fields if f.name.lower() == name.lower()), None)
+
+
+def fitted(value: Column, value_type: T.DataType, target: T.DataType, allow_missing: bool,
+           kept: Column | None = None) -> Column:
+    """``value`` (of Spark type ``value_type``) assigned to a column or field of type
+    ``target``, cast as delta-spark casts it (module doc): structs (also in arrays and map
+    values) matched by field name, case aside; ``allow_missing`` (schema evolution): a field
+    the value lacks is null, or with ``kept`` (an UpdateAll's target value) the target's.
 
     Raises:
-        MergeClauseError: without schema evolution, a nested value whose fields are not the
-            column's (delta-spark's DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION).
+        MergeClauseError: ``mismatch`` found a struct that cannot be matched
+            (``DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION``).
     """
-    target = spark_type(column_type)
-    if not (_is_nested(value_type) and _is_nested(target)):
-        return value.cast(target)
-    if not evolving and _field_names(value_type) != _field_names(target):
+    found = mismatch(value_type, target, allow_missing)
+    if found is not None:
+        given, wanted = found
         raise MergeClauseError(
-            f"{SCHEMA_MISMATCH_CLASS} Cannot cast {value_type.simpleString()} to "
-            f"{target.simpleString()}. All nested columns must match (column {column}; "
-            "withSchemaEvolution() adds the source's new fields to the table).")
-    shaped = by_name(value, value_type, column_type) if kept is None \
-        else _updated(value, value_type, kept, column_type)
-    return shaped.cast(target)
+            f"{SCHEMA_MISMATCH_CLASS} Cannot cast {given.simpleString()} to "
+            f"{wanted.simpleString()}. All nested columns must match (withSchemaEvolution() "
+            "adds the source's new fields to the table).")
+    return _fit(value, value_type, target, kept)
 
 
-def _updated(value: Column, value_type: T.DataType, kept: Column, column_type: Any) -> Column:
-    """An UpdateAll's struct: the source's fields, the target's where the source lacks them."""
-    if not (isinstance(value_type, T.StructType) and isinstance(column_type, dict)
-            and column_type.get("type") == "struct"):
-        return by_name(value, value_type, column_type)
-    given = {f.name: f for f in value_type.fields}
-    fields = column_type["fields"]
-    if all(f["name"] in given for f in fields):
-        return by_name(value, value_type, column_type)  # assigned whole
-    return F.struct(*[
-        (_updated(value.getField(f["name"]), given[f["name"]].dataType,
-                  kept.getField(f["name"]), f["type"]) if f["name"] in given
-         else kept.getField(f["name"])).alias(f["name"]) for f in fields])
+def mismatch(value_type: T.DataType, target: T.DataType, allow_missing: bool
+             ) -> tuple[T.StructType, T.StructType] | None:
+    """The first pair of structs (the value's, the target's) that ``fitted`` cannot match by
+    name, None if there is none: a value struct with a field the target's lacks (case aside),
+    or, without ``allow_missing``, with fewer fields."""
+    if isinstance(value_type, T.ArrayType) and isinstance(target, T.ArrayType):
+        return mismatch(value_type.elementType, target.elementType, allow_missing)
+    if isinstance(value_type, T.MapType) and isinstance(target, T.MapType):
+        return mismatch(value_type.keyType, target.keyType, allow_missing) \
+            or mismatch(value_type.valueType, target.valueType, allow_missing)
+    if not (isinstance(value_type, T.StructType) and isinstance(target, T.StructType)) \
+            or _same_ignoring_case(value_type, target):
+        return None
+    fields = {f.name.lower(): f.dataType for f in target.fields}
+    if any(f.name.lower() not in fields for f in value_type.fields) or (
+            len(value_type.fields) != len(target.fields) and not allow_missing):
+        return value_type, target
+    return next((found for found in (mismatch(f.dataType, fields[f.name.lower()], allow_missing)
+                                     for f in value_type.fields) if found), None)
 
 
-def _is_nested(data_type: T.DataType) -> bool:
-    return isinstance(data_type, (T.StructType, T.ArrayType, T.MapType))
+def _fit(value: Column, value_type: T.DataType, target: T.DataType,
+         kept: Column | None = None) -> Column:
+    """``fitted``'s value, ``mismatch`` having found none."""
+    if isinstance(value_type, T.ArrayType) and isinstance(target, T.ArrayType) \
+            and isinstance(value_type.elementType, T.StructType) \
+            and isinstance(target.elementType, T.StructType) and value_type != target:
+        return F.transform(value, lambda element: _fit(
+            element, value_type.elementType, target.elementType)).cast(_nullable(target))
+    if isinstance(value_type, T.MapType) and isinstance(target, T.MapType) \
+            and _has_struct(value_type) and _has_struct(target) \
+            and not _same_ignoring_case(value_type, target):
+        shaped = value
+        if value_type.keyType != target.keyType:
+            shaped = F.transform_keys(shaped, lambda key, _: _fit(
+                key, value_type.keyType, target.keyType))
+        if value_type.valueType != target.valueType:
+            shaped = F.transform_values(shaped, lambda _, item: _fit(
+                item, value_type.valueType, target.valueType))
+        return shaped.cast(_nullable(target))
+    if isinstance(value_type, T.StructType) and isinstance(target, T.StructType) \
+            and not _same_ignoring_case(value_type, target):
+        return _struct_by_name(value, value_type, target, kept)
+    return value.cast(target) if value_type != target else value
 
 
-def _field_names(data_type: T.DataType) -> Any:
-    """The nested field names of a Spark type, order aside (case-insensitive)."""
+def _struct_by_name(value: Column, value_type: T.StructType, target: T.StructType,
+                    kept: Column | None) -> Column:
+    """The value's fields in the target's order, by name; a field it lacks null, or the
+    ``kept`` target value's; null where the value is (and ``kept`` is, if it gives fields)."""
+    given = {f.name.lower(): f for f in value_type.fields}
+    parts = []
+    for field in target.fields:
+        found = given.get(field.name.lower())
+        before = kept.getField(field.name) if kept is not None else None
+        if found is not None:
+            part = _fit(value.getField(found.name), found.dataType, field.dataType, before)
+        else:
+            part = before if before is not None else F.lit(None).cast(field.dataType)
+        parts.append(part.alias(field.name))
+    null = value.isNull()
+    if kept is not None and _has_extra_fields(value_type, target):
+        null = null & kept.isNull()  # the target's fields the value lacks stay
+    return F.when(null, F.lit(None)).otherwise(F.struct(*parts)).cast(_nullable(target))
+
+
+def _same_ignoring_case(a: T.DataType, b: T.DataType) -> bool:
+    """Spark's ``equalsIgnoreCaseAndNullability``."""
+    if isinstance(a, T.StructType) and isinstance(b, T.StructType):
+        return len(a.fields) == len(b.fields) and all(
+            x.name.lower() == y.name.lower() and _same_ignoring_case(x.dataType, y.dataType)
+            for x, y in zip(a.fields, b.fields, strict=True))
+    if isinstance(a, T.ArrayType) and isinstance(b, T.ArrayType):
+        return _same_ignoring_case(a.elementType, b.elementType)
+    if isinstance(a, T.MapType) and isinstance(b, T.MapType):
+        return _same_ignoring_case(a.keyType, b.keyType) \
+            and _same_ignoring_case(a.valueType, b.valueType)
+    return a == b
+
+
+def _has_struct(data_type: T.DataType) -> bool:
     if isinstance(data_type, T.StructType):
-        return frozenset((f.name.lower(), _field_names(f.dataType)) for f in data_type.fields)
+        return True
     if isinstance(data_type, T.ArrayType):
-        return ("array", _field_names(data_type.elementType))
+        return _has_struct(data_type.elementType)
     if isinstance(data_type, T.MapType):
-        return ("map", _field_names(data_type.keyType), _field_names(data_type.valueType))
-    return None
+        return _has_struct(data_type.keyType) or _has_struct(data_type.valueType)
+    return False
+
+
+def _has_extra_fields(value_type: T.StructType, target: T.StructType) -> bool:
+    """Whether ``target`` has struct fields ``value_type`` lacks, at any depth of structs
+    (those in arrays and maps are not kept)."""
+    given = {f.name.lower(): f.dataType for f in value_type.fields}
+    for field in target.fields:
+        found = given.get(field.name.lower())
+        if found is None:
+            return True
+        if isinstance(found, T.StructType) and isinstance(field.dataType, T.StructType) \
+                and _has_extra_fields(found, field.dataType):
+            return True
+    return False
+
+
+def _nullable(data_type: T.DataType) -> T.DataType:
+    """``data_type`` with every nested field, element and value nullable (Spark's
+    ``asNullable``): what a rebuilt struct, array or map can be cast to."""
+    if isinstance(data_type, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True, f.metadata)
+                             for f in data_type.fields])
+    if isinstance(data_type, T.ArrayType):
+        return T.ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, T.MapType):
+        return T.MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
+    return data_type

@@ -91,7 +91,6 @@ class BatchTransaction:
         # the declared tables' layouts, read side by side while the user's function starts
         self._layouts = schemas.for_batch(list(self.locations))
         self.row_level = RowLevelWrites(spark, self._location, self.batch_id, self.txn_id)
-        self._appends_only: dict[str, str] = {}  # tables txn.write wrote otherwise: how
 
     def delta_table(self, table: str) -> TransactionDeltaTable:
         """``table`` as delta-spark's ``DeltaTable``, written within this batch: ``merge``,
@@ -104,16 +103,11 @@ class BatchTransaction:
         """
         table = resolve_table(self._spark, table)
         canonical = canonical_table_uri(table)
-        refused = self._appends_only.get(canonical)
-        if refused:
-            raise ValueError(f"table {table} is written with txn.write({refused}) in batch "
-                             f"{self.batch_id}: txn.delta_table on the same table in one "
-                             "batch works beside appends only (docs/row-level-writes.md)")
         return TransactionDeltaTable(lambda: self._row_level_state(table, canonical))
 
     def _row_level_state(self, table: str, canonical: str) -> RowLevelTable:
         """The table's row-level state, with the batch's earlier ``txn.write`` of it (read
-        your own writes: that write is waited for)."""
+        your own writes: that write, append or overwrite, is waited for)."""
         state = self.row_level.state(table, canonical)
         if canonical in self._tables and not self.row_level.includes_write(canonical):
             records = dict(zip(self._tables, self.running.results(), strict=True))
@@ -166,11 +160,6 @@ class BatchTransaction:
         if canonical in self._tables:
             raise ValueError(f"table {table} is written twice in batch {self.batch_id}; "
                              "union the DataFrames into one write")
-        if canonical in self.row_level.tables and (mode != "append" or merge_schema):
-            raise ValueError(f"table {table} is written with txn.delta_table in batch "
-                             f"{self.batch_id}: txn.write on the same table in one batch "
-                             "must be a plain append (no overwrite, no merge_schema) "
-                             "(docs/row-level-writes.md)")
         # before the declare: a table percolake cannot write is refused with nothing declared
         layout = refuse_features(canonical, self._layouts.get(canonical))
         mapping = ColumnMapping.of(layout)
@@ -178,11 +167,11 @@ class BatchTransaction:
         if location is None:  # held from the declare on: its layout is read again after it
             location = self._declare(table, canonical)
             layout = self._layouts.fresh(canonical)
-        if canonical in self.row_level.tables:  # beside the operations' op<N> folders
+        state = self.row_level.tables.get(canonical)
+        if state is not None:  # beside the operations' op<N> folders, on the table they left
             location = f"{location}/write"
-        if mode != "append" or merge_schema:
-            self._appends_only[canonical] = f"mode={mode!r}" + (
-                ", merge_schema=True" if merge_schema else "")
+            layout = state.layout_after(layout)
+            mapping = ColumnMapping.of(layout)
         if is_object_store(canonical):  # the user's own reads of the store, as the reader's
             use_object_store_settings(df.sparkSession)
         df = conform_batch(df, layout, canonical, self.batch_id)

@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vector_files import stored_descriptor
 from percolake.lake.deletion_vectors import deletion_vectors
-from percolake.lake.delta_commit import files_of_version, open_table
+from percolake.lake.delta_commit import TableLayout, files_of_version, open_table
 from percolake.lake.read_set import (
     WHOLE_TABLE,
     WRITE_SERIALIZABLE,
@@ -61,6 +61,7 @@ from percolake.records import (
     TableWriteRecord,
     WriteMode,
 )
+from sparkside.batch_write_plan import plan_write
 from sparkside.column_mapping import ColumnMapping, by_name
 from sparkside.deletion_vector_writes import (
     ROW_INDEX,
@@ -144,6 +145,7 @@ class RowLevelTable:
     added: dict[str, AddFileRecord] = field(default_factory=dict)
     added_folders: dict[str, str] = field(default_factory=dict)  # added path -> its op folder
     removed_as_read: set[str] = field(default_factory=set)  # their _metadata.file_path
+    base_replaced: bool = False  # a txn.write overwrite replaced every file of read_version
     operations: list[str] = field(default_factory=list)
     parameters: list[dict[str, str]] = field(default_factory=list)  # each operation's
     metrics: dict[str, int] = field(default_factory=dict)
@@ -208,7 +210,9 @@ class RowLevelTable:
         columns = base.columns
         frame = base.select(*columns, F.col("_metadata.file_path").alias(FILE),
                             *self._row_index())
-        if self.removed_as_read:
+        if self.base_replaced:  # an overwrite of the batch: no row of the version read stays
+            frame = frame.where(F.lit(False))
+        elif self.removed_as_read:
             frame = frame.where(~F.col(FILE).isin(sorted(self.removed_as_read)))
         frame = self._without_kept_rows(frame, self.kept_as_read.values())
         by_folder: dict[str, list[str]] = {}
@@ -306,6 +310,18 @@ class RowLevelTable:
                 self.schema_json, self.max_column_id, source_json,
                 type_widening=self.type_widening, implicit_conversions=True)
             evolved = mapping.schema_json
+        self._take_schema(evolved, mapping)
+
+    def merge_write_schema(self, write_schema_json: str) -> None:
+        """A ``txn.write(..., merge_schema=True)`` of the batch: its new columns (ids and
+        physical names already assigned from this state, ``ColumnMapping.evolved``) and
+        widened types join the table's schema, as its apply would merge them."""
+        evolved = merged_schema(self.schema_json, write_schema_json,
+                                column_mapping=self.mapping is not None,
+                                type_widening=self.type_widening)
+        self._take_schema(evolved, None if self.mapping is None else ColumnMapping(evolved))
+
+    def _take_schema(self, evolved: str, mapping: ColumnMapping | None) -> None:
         if json.loads(evolved) == json.loads(self.schema_json):
             return
         self.schema_json = evolved
@@ -346,6 +362,14 @@ class RowLevelTable:
         """``frame``, just executed, found the files an operation touches: the add actions its
         scan listed are looked up there (no Spark job) when the rewrite reads them."""
         self._scanned = self._scan().scanned(frame)
+
+    def layout_after(self, layout: TableLayout | None) -> TableLayout | None:
+        """``layout`` (the table's latest) with the schema this batch's operations left, so a
+        later ``txn.write`` of the batch is shaped, checked and column-mapped against the
+        table as it will find it (columns a MERGE added, their mapping ids)."""
+        if layout is None:
+            return None
+        return layout._replace(schema_json=self.schema_json, max_column_id=self.max_column_id)
 
     def columns(self) -> list[str]:
         return [f["name"] for f in json.loads(self.schema_json)["fields"]]
@@ -499,17 +523,43 @@ class RowLevelTable:
             counts.added += not had_vector
         return counts
 
-    def include_append(self, adds: Sequence[AddFileRecord], folder: str) -> None:
-        """An append of the batch (``txn.write``), in call order (``RowLevelWrites``)."""
-        if self.change_data and adds:
-            self._imply_inserts(adds, folder)
-        self.added.update({a.path: a for a in adds})
-        self.added_folders.update({a.path: folder for a in adds})
+    def include_write(self, write: TableWriteRecord, folder: str) -> None:
+        """A ``txn.write`` of the batch (written into ``folder``), in call order: an append
+        adds its files; an overwrite replaces the files it overwrites, the version read's and
+        the batch's own; ``merge_schema`` evolves the schema (``sparkside.batch_write_plan``).
+        Later operations read its result; the batch commits it in its one Delta commit."""
+        live = {p: f for p, f in self.base.items() if p not in self.removed or p in self.kept}
+        plan = plan_write(write, {} if self.base_replaced else live, self.added,
+                          self.schema_json, self.partition_by)
+        replaced_base = [self._scan().spark_path(p) for p in plan.removes] \
+            if not plan.whole_table else []
+        if self.change_data and (plan.removes or plan.drops):  # read before they leave
+            replaced = self.current() if plan.whole_table else self.rows_of(
+                replaced_base + [self._scan().spark_path(p) for p in plan.drops])
+            self.implied.append(self._as_changes(replaced, DELETE))
+        for path in plan.removes:
+            file = self.base[path]
+            self.removed[path] = RemoveFileRecord(path, file.size, dict(file.partition_values))
+            self.kept.pop(path, None)  # kept with a vector so far: now removed whole
+            self.kept_as_read.pop(path, None)
+        self.removed_as_read.update(replaced_base)
+        self.base_replaced |= plan.whole_table
+        if plan.whole_table:
+            self.kept.clear()
+            self.kept_as_read.clear()
+        for path in plan.drops:
+            self.added.pop(path)
+            self.added_folders.pop(path)
+        if write.merge_schema:
+            self.merge_write_schema(write.schema_json)
+        if self.change_data and write.add_files:
+            self._imply_inserts(write.add_files, folder)
+        self.added.update({a.path: a for a in write.add_files})
+        self.added_folders.update({a.path: folder for a in write.add_files})
         self.operations.append("WRITE")
-        self.parameters.append({"mode": "Append",
-                                "partitionBy": json.dumps(self.partition_by)})
-        rows = sum(json.loads(a.stats).get("numRecords", 0) for a in adds if a.stats)
-        self.metrics_update({"numFiles": len(adds), "numOutputRows": rows})
+        self.parameters.append(plan.parameters)
+        self.reads.append(plan.read_predicate)
+        self.metrics_update(plan.metrics)
 
     def metrics_update(self, metrics: dict[str, int]) -> None:
         """Adds an operation's row metrics (observed while its files were written)."""
@@ -682,6 +732,12 @@ class RowLevelWrites:
         if canonical not in self.tables:
             if self._spark is None:
                 raise ValueError("this BatchTransaction has no SparkSession to write with")
+            if self.written.get(canonical) == -1:
+                raise RowLevelWriteRefused(
+                    f"table {table} does not exist before batch {self.batch_id}, whose "
+                    "txn.write creates it: txn.delta_table needs a table that exists when the "
+                    "batch starts. Create it in an earlier batch (or with CREATE TABLE ... "
+                    "USING DELTA), or compute the rows before the batch's one txn.write")
             location = self._declare(table, canonical)
             self.tables[canonical] = RowLevelTable.read(self._spark, canonical, location)
         return self.tables[canonical]
@@ -701,11 +757,11 @@ class RowLevelWrites:
         return table in self.included
 
     def include_write(self, record: TableWriteRecord) -> None:
-        """The batch's append of a table it also writes row by row joins the table's state,
-        in call order: later operations see its rows, and it commits in the same ROW_LEVEL
-        write (one Delta commit)."""
-        self.tables[record.table].include_append(record.add_files,
-                                                 self.write_folders[record.table])
+        """The batch's ``txn.write`` of a table it also writes row by row (an append, an
+        overwrite, with or without ``merge_schema``) joins the table's state, in call order:
+        later operations see its result, and it commits in the same ROW_LEVEL write (one Delta
+        commit)."""
+        self.tables[record.table].include_write(record, self.write_folders[record.table])
         self.included.add(record.table)
 
     def refuse_spark_writes(self) -> None:

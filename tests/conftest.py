@@ -20,6 +20,10 @@ import sys
 # Tests start children (PostgreSQL, Spark workers) while gRPC threads are busy; gRPC's fork
 # handlers are for children that use gRPC, which ours never do (they exec at once).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+# The suite's JVMs (Spark sessions and drivers, the cluster's daemons and executors) live
+# seconds to minutes, and the suite is CPU-bound on two cores: compiling with C1 alone costs
+# them about a third less CPU than tiered C2 does, for the same results.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,12 +41,18 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 # ---------------------------------------------------------------- parallel runs (pytest-xdist)
 
 # Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker, one
-# test after another. Spark runs in two lanes: the tests of the one local SparkSession, and the
-# tests that run Spark drivers as child processes or use the standalone cluster (each driver a
-# JVM: more of them at once than the two lanes only fight over the cores). The tests of a
-# module that use a module-scoped fixture (a daemon) share a worker too; every other test goes
-# to whichever worker is free.
+# test after another. Spark runs in three lanes: two of tests sharing a local SparkSession (one
+# session per worker; the modules split between them by their time in a CI run), and the tests
+# that run Spark drivers as child processes or use the standalone cluster (each driver a JVM:
+# more of them at once only fight over the cores). The tests of a module that use a
+# module-scoped fixture (a daemon) share a worker too; every other test goes to whichever
+# worker is free.
 SPARK_SESSION_GROUP = "spark-session"
+SECOND_SPARK_SESSION_GROUP = "spark-session-2"
+SECOND_SPARK_SESSION_MODULES = frozenset({
+    "test_row_level", "test_participant_batches", "test_checkpoint_reads",
+    "test_merge_schema_evolution", "test_concurrent_writes", "test_table_rules",
+    "test_row_level_cdf", "test_nested_fields", "test_writer", "test_percolake_source"})
 S3_STORES_GROUP = "s3-stores"
 SPARK_DRIVERS_GROUP = "spark-drivers"
 _SHARED_SCOPES = ("module", "class", "package")
@@ -54,26 +64,31 @@ def _uses_module_fixture(item: pytest.Item) -> bool:
         defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values())
 
 
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group of a test, None for one that may run on any worker (see above)."""
     fixtures = set(getattr(item, "fixturenames", ()))
     if "spark" in fixtures:
-        return SPARK_SESSION_GROUP
+        return (SECOND_SPARK_SESSION_GROUP if _module_of(item) in SECOND_SPARK_SESSION_MODULES
+                else SPARK_SESSION_GROUP)
     if "spark_cluster" in fixtures or (item.get_closest_marker("spark")
                                        and item.get_closest_marker("slow")):
         return SPARK_DRIVERS_GROUP
     if _uses_module_fixture(item):
-        return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        return _module_of(item)
     if "s3_store" in fixtures:  # one worker starts SeaweedFS once
         return S3_STORES_GROUP
     return None
 
 
 def _start_rank(item: pytest.Item) -> int:
-    """Longest first, so that no worker is left with a long test at the end: the two Spark
-    lanes, other slow tests, groups, then the rest."""
+    """Longest first, so that no worker is left with a long test at the end: the Spark lanes,
+    other slow tests, groups, then the rest."""
     group = xdist_group_of(item)
-    if group in (SPARK_DRIVERS_GROUP, SPARK_SESSION_GROUP):
+    if group in (SPARK_DRIVERS_GROUP, SPARK_SESSION_GROUP, SECOND_SPARK_SESSION_GROUP):
         return 0
     if item.get_closest_marker("slow"):
         return 1

@@ -175,15 +175,15 @@ def test_batches_go_on_while_a_flush_syncs_and_the_flush_waits_for_its_sync(tmp_
     store = SqliteStore(tmp_path, group_commit=True)
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: we fsync
     syncing, release = threading.Event(), threading.Event()
-    real_fsync = sqlite.os.fsync
+    real_sync = sqlite._sync_data
 
-    def slow_fsync(fd: int) -> None:
+    def slow_sync(fd: int) -> None:
         syncing.set()
         release.wait(10)
-        real_fsync(fd)
+        real_sync(fd)
 
     store.insert_txn(txn("a", 1))
-    monkeypatch.setattr(sqlite.os, "fsync", slow_fsync)
+    monkeypatch.setattr(sqlite, "_sync_data", slow_sync)
     flusher = threading.Thread(target=store.flush)
     flusher.start()
     try:
@@ -197,7 +197,7 @@ def test_batches_go_on_while_a_flush_syncs_and_the_flush_waits_for_its_sync(tmp_
     finally:
         release.set()
         flusher.join(10)
-    monkeypatch.setattr(sqlite.os, "fsync", real_fsync)
+    monkeypatch.setattr(sqlite, "_sync_data", real_sync)
     store.flush()
     assert durable_ids(tmp_path) == {"a", "b"}
     store.close()

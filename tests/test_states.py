@@ -41,3 +41,15 @@ def test_committed_and_aborted_are_decisions_that_never_cross():
     assert S.COMMITTED not in VALID_PREVIOUS[S.ABORTED]
     assert S.ABORTED not in VALID_PREVIOUS[S.COMMITTED]
     assert S.APPLIED not in VALID_PREVIOUS[S.ABORTED]
+
+
+def test_states_hash_by_identity_and_survive_a_pickle_round_trip():
+    """States are dict keys and set members everywhere (hashed in C, by identity): a state
+    read back from a pickle is the same member, found in the same sets."""
+    import pickle
+
+    assert all(hash(state) == object.__hash__(state) for state in S)
+    assert {S.OPEN: 1}[pickle.loads(pickle.dumps(S.OPEN))] == 1
+    assert pickle.loads(pickle.dumps(S.COMMITTED)) in VALID_PREVIOUS[S.APPLIED]
+    assert len({*S, *S}) == len(S) == 5
+    assert S("APPLIED") is S.APPLIED

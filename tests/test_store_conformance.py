@@ -89,6 +89,26 @@ def test_update_is_compare_and_set_on_row_version(store):
     assert store.get_txn("t1").state == TxnState.PREWRITTEN
 
 
+@pytest.mark.parametrize("column, value", [("pipeline_id", "q"), ("batch_id", 7),
+                                           ("start_ts", 11), ("epoch", 2), ("principal", "x")])
+def test_an_update_never_changes_a_transactions_identity(store, column, value):
+    """An update writes what a transition changes; the identity fixed at insert is checked
+    equal, never rewritten: a record that differs there is refused and nothing is written."""
+    store.insert_txn(txn())
+    record = store.get_txn("t1")
+    record.state = TxnState.PREWRITTEN
+    setattr(record, column, value)
+    with pytest.raises(StoreConflict):
+        store.update_txn(record)
+    assert store.get_txn("t1") == txn()
+    record = store.get_txn("t1")
+    record.state, record.commit_ts, record.input_barrier = TxnState.COMMITTED, 30, 25
+    record.source_offsets, record.updated_ms = '{"0": 1}', 2000
+    record.tables["file:///w/b"].delta_version = 4
+    store.update_txn(record)
+    assert store.get_txn("t1") == record
+
+
 def test_failed_batch_leaves_nothing_behind(store):
     store.insert_txn(txn())
     with pytest.raises(RuntimeError), store.batch():

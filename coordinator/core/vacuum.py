@@ -68,7 +68,8 @@ class Vacuuming(CoreState):
     def vacuum(self, table: str, retention_hours: int | None = None,
                dry_run: bool = False) -> VacuumResult:
         """Removes the table's files delta-rs' vacuum finds (removed from the table longer
-        than ``retention_hours`` ago) if nothing protected reads any of them.
+        than ``retention_hours`` ago), percolake's own files the log removed that long ago and
+        the change data files of commits that old, if nothing protected reads any of them.
 
         Raises:
             FailedPrecondition: a protected version still reads a file vacuum would remove;

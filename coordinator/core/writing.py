@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 
@@ -319,7 +318,7 @@ class Writing(CoreState):
                 raise InvalidArgument(f"table {write.table} appears twice in one prewrite")
             seen.add(table)
             if write.table != table:  # first: the checks' cached encodings stay with it
-                write = dataclasses.replace(write, table=table)
+                write = write.with_table(table)
             validation.check_table_write(write, txn_id, self.config.max_intent_bytes)
             checked.append(write)
         return checked

@@ -227,7 +227,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def update_txn(self, record: TxnRecord) -> None:
-        """Compare-and-set on ``record.row_version``; bumps it on success."""
+        """Compare-and-set on ``record.row_version``; bumps it on success. A transaction's
+        identity (``schema.TXN_IDENTITY_COLUMNS``: its ids, batch, attempt, epoch, start_ts,
+        creation) is fixed at insert: a record that differs there is refused (StoreConflict),
+        never written."""
 
     @abc.abstractmethod
     def get_txn(self, txn_id: str) -> TxnRecord | None: ...

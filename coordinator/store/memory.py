@@ -21,6 +21,7 @@ from coordinator.store.base import (
     TableWriter,
     TxnQuery,
 )
+from coordinator.store.schema import TXN_IDENTITY_COLUMNS
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 from percolake.states import COMMITTED_STATES
@@ -144,8 +145,10 @@ class MemoryStore(Store):
     def update_txn(self, record: TxnRecord) -> None:
         with self._lock:
             row = self._txns.get(record.txn_id)
-            if row is None or row["row_version"] != record.row_version:
-                raise StoreConflict(f"transaction {record.txn_id} changed underneath")
+            if row is None or row["row_version"] != record.row_version or any(
+                    row[c] != getattr(record, c) for c in TXN_IDENTITY_COLUMNS):
+                raise StoreConflict(f"transaction {record.txn_id} changed underneath (or its "
+                                    f"identity differs: {', '.join(TXN_IDENTITY_COLUMNS)})")
             record.row_version += 1
             self._txns[record.txn_id] = record.to_row()
 

@@ -56,6 +56,7 @@ from coordinator.store.schema import (
     SELECT_TXN,
     TABLE_COMMIT_COLUMNS,
     TXN_COLUMNS,
+    TXN_IDENTITY_COLUMNS,
     key_column,
     live_clauses,
     migrate_postgres,
@@ -386,17 +387,21 @@ class PostgresStore(Store):
                               f"pipeline {record.pipeline_id}")
 
     def _compare_and_set(self, table: str, key: str, columns: Sequence[str],
-                         record: PipelineRecord | TxnRecord, what: str) -> None:
-        """Writes every column of ``record`` if its row_version is still the one read, and
-        bumps it; StoreConflict (re-read, retry) when another write came first."""
+                         record: PipelineRecord | TxnRecord, what: str,
+                         fixed: Sequence[str] = ()) -> None:
+        """Writes every column of ``record`` but the ``fixed`` ones if its row_version is
+        still the one read and the fixed columns hold its values, and bumps it; StoreConflict
+        (re-read, retry) when another write came first."""
         row = record.to_row()
-        sets = ", ".join(f"{c} = %({c})s" for c in columns if c != key)
+        sets = ", ".join(f"{c} = %({c})s" for c in columns if c != key and c not in fixed)
+        same = "".join(f" AND {c} = %({c})s" for c in fixed if c != key)
         row["row_version"] = record.row_version + 1
         row["expected"] = record.row_version
         count = self._write(f"UPDATE {table} SET {sets} WHERE {key} = %({key})s "
-                            "AND row_version = %(expected)s", row)
+                            f"AND row_version = %(expected)s{same}", row)
         if count != 1:
-            raise StoreConflict(f"{what} changed underneath")
+            raise StoreConflict(f"{what} changed underneath" + (
+                f" (or its identity differs: {', '.join(fixed)})" if fixed else ""))
         record.row_version += 1
 
     # ------------------------------------------------------------------ transactions
@@ -412,7 +417,7 @@ class PostgresStore(Store):
 
     def update_txn(self, record: TxnRecord) -> None:
         self._compare_and_set("transactions", "txn_id", TXN_COLUMNS, record,
-                              f"transaction {record.txn_id}")
+                              f"transaction {record.txn_id}", fixed=TXN_IDENTITY_COLUMNS)
 
     def _txns(self, where: str, params: Sequence = (), tail: str = "") -> list[TxnRecord]:
         rows = self._read(f"{SELECT_TXN} WHERE {where} {tail}", params, dicts=True)

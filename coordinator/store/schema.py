@@ -31,6 +31,13 @@ TXN_COLUMNS = (
     "start_ts", "commit_ts", "tables", "abort_reason", "created_ms", "updated_ms", "row_version",
     "principal", "input_barrier", "source_offsets",
 )
+# Fixed when a transaction's row is inserted: an update never rewrites them (nor, so, the
+# index entries they key) and refuses a record whose values differ (StoreConflict).
+TXN_IDENTITY_COLUMNS = (
+    "txn_id", "pipeline_id", "generation", "batch_id", "attempt", "epoch", "query_id",
+    "start_ts", "created_ms", "principal",
+)
+TXN_UPDATED_COLUMNS = tuple(c for c in TXN_COLUMNS if c not in TXN_IDENTITY_COLUMNS)
 PIPELINE_COLUMNS = (
     "pipeline_id", "generation", "epoch", "query_id", "created_ms", "last_commit_ms", "resets",
     "row_version", "start_barrier", "plan_generation", "plan_after", "plan_barrier",

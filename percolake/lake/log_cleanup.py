@@ -62,7 +62,7 @@ def expired_entries(table_uri: str, keep_from: int, retention_ms: int,
     cutoff_ms = now_ms - retention_ms
     by_version: dict[int, list[tuple[str, int]]] = {}
     parts: dict[tuple[int, int], set[int]] = {}
-    for name, mtime_ms in _log_listing(table_uri).items():
+    for name, mtime_ms in log_listing(table_uri).items():
         match = _LOG_FILE.match(name)
         if match is None:
             continue  # _last_checkpoint, staged uploads, compactions: never touched
@@ -106,7 +106,7 @@ def clean_log(table_uri: str, keep_from: int, configuration: Mapping[str, str | 
     return expired
 
 
-def _log_listing(table_uri: str) -> dict[str, int]:
+def log_listing(table_uri: str) -> dict[str, int]:
     """Every file of the table's ``_delta_log`` -> its modification time in ms."""
     if is_object_store(table_uri):
         listed = storage.list_files(f"{table_uri.rstrip('/')}/_delta_log")

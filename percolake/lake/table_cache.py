@@ -60,7 +60,11 @@ class LogEntry(NamedTuple):
 
 def entry_path(table: str, version: int) -> str:
     """The file of one version's log entry of a local table."""
-    return f"{local_path(table)}/_delta_log/{version:020d}.json"
+    return f"{_log_folder(table)}/{version:020d}.json"
+
+
+def _log_folder(table: str) -> str:
+    return f"{local_path(table)}/_delta_log"
 
 
 def entry_uri(table: str, version: int) -> str:
@@ -152,7 +156,10 @@ class LogEntries:
         if is_object_store(table):
             content = storage.read_object(entry_uri(table, version))
             return None if content is None else self._summarised(key, content)
-        path = entry_path(table, version)
+        return self._local_entry(key, entry_path(table, version))
+
+    def _local_entry(self, key: tuple[str, int], path: str) -> LogEntry | None:
+        """``entry`` of a local table's version, its file at ``path``."""
         try:
             info = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -171,7 +178,10 @@ class LogEntries:
     def entries(self, table: str, versions: Sequence[int]) -> list[LogEntry | None]:
         """``entry`` of each of ``versions``, in order; an object store's read all at once
         (one round trip)."""
-        if not is_object_store(table) or len(versions) <= 1:
+        if not is_object_store(table):  # the log's folder named once for all versions
+            log = _log_folder(table)
+            return [self._local_entry((table, v), f"{log}/{v:020d}.json") for v in versions]
+        if len(versions) <= 1:
             return [self.entry(table, v) for v in versions]
         contents = storage.read_objects([entry_uri(table, v) for v in versions])
         return [None if content is None else self._summarised((table, v), content)

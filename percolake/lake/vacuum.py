@@ -9,6 +9,13 @@ retention ago that no newer version added again. Each removal's version comes fr
 commit entries; a file whose removal entry is gone (log cleanup) counts as removed at the
 newest version, so every protected range keeps it. The removal deletes exactly the checked
 candidates, on one loaded snapshot: a commit meanwhile changes nothing of what was checked.
+
+Change data files (``cdc`` actions: percolake's lie in ``_percolake/<txn_id>/op<N>/_change_data/``,
+which neither delta-rs' nor delta-spark's vacuum lists) are referenced by no version, only by
+the commit that wrote them: they expire as delta-spark's do, once that commit is older than the
+retention (its time as Delta readers take it: the in-commit timestamp, else the log entry's
+modification time). They count as removed at that commit's version, so a protected range that
+reads the table's changes after a version keeps the change files of every later commit.
 A table with a feature percolake cannot write is not vacuumed (``protocol_refusal``).
 
 Paths are relative to the table root, as stored (partition folders percent-encoded as delta-rs
@@ -31,6 +38,7 @@ from deltalake import DeltaTable
 from percolake.lake import storage
 from percolake.lake.cleanup import walk_folders
 from percolake.lake.delta_commit import commit_file, commit_uri, open_table
+from percolake.lake.log_cleanup import log_listing
 from percolake.lake.table_features import refusal, table_protocol
 from percolake.lake.warehouse import (
     UnsafeLocation,
@@ -40,12 +48,13 @@ from percolake.lake.warehouse import (
 )
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_NEVER = 2**62  # a commit time later than any cutoff: its change files are never old enough
 
 
 @dataclass(frozen=True)
 class Removal:
-    version: int  # the version whose commit removed the file
-    deletion_ms: int  # its deletionTimestamp
+    version: int  # the version whose commit removed the file (a change file: wrote it)
+    deletion_ms: int  # its deletionTimestamp (a change file: its commit's time)
 
 
 class TableVacuum:
@@ -60,6 +69,7 @@ class TableVacuum:
         self._roots = (root.rstrip("/") + "/", self.table.table_uri.rstrip("/") + "/") \
             if self.table is not None else ()
         self._removals: dict[str, Removal] | None = None
+        self._entry_times: dict[str, int] | None = None
 
     def protocol_refusal(self) -> str | None:
         """Why percolake may not vacuum the table, None when it may: a vacuum deletes only
@@ -90,7 +100,7 @@ class TableVacuum:
         live = self.files_of_version(self.table.version())
         ours = [path for path, removal in self.removals().items()
                 if removal.deletion_ms <= cutoff_ms and path not in live]
-        return sorted(set(theirs) | set(ours))
+        return sorted(set(theirs) | self._present(ours))
 
     def files_of_version(self, version: int) -> frozenset[str]:
         """The data files version ``version`` reads."""
@@ -108,7 +118,8 @@ class TableVacuum:
 
     def removals(self) -> dict[str, Removal]:
         """Every file the log's commit entries remove (and no later entry adds again), with
-        the removing version; read newest first down to the oldest entry still there."""
+        the removing version, and every change file they write, with the writing version and
+        its commit's time; read newest first down to the oldest entry still there."""
         if self._removals is not None:
             return self._removals
         removed: dict[str, Removal] = {}
@@ -117,8 +128,14 @@ class TableVacuum:
             entry = self._log_entry(version)
             if entry is None:
                 break
-            for line in entry.splitlines():
-                action = json.loads(line) if line.strip() else {}
+            actions = [json.loads(line) for line in entry.splitlines() if line.strip()]
+            changes = [unquote(a["cdc"]["path"]) for a in actions if "cdc" in a]
+            if changes:
+                written_ms = self._commit_ms(version, actions)
+                for path in changes:
+                    if not _outside(path):  # a file outside the table is not its to delete
+                        removed.setdefault(path, Removal(version, written_ms))
+            for action in actions:
                 if "add" in action:
                     added_later.add(unquote(action["add"]["path"]))
                 remove = action.get("remove")
@@ -146,6 +163,27 @@ class TableVacuum:
             _unlink_below(root, path.split("/"))
         return done
 
+    def _present(self, paths: list[str]) -> set[str]:
+        """Those of ``paths`` still there: a file an earlier vacuum deleted stays named by the
+        log until log cleanup, and is neither removed nor needed again."""
+        if not paths:
+            return set()
+        if not self._local:
+            return set(paths) & set(storage.list_files(self.table_uri.rstrip("/")))
+        root = local_path(self.table_uri)
+        return {p for p in paths if os.path.lexists(os.path.join(root, p))}
+
+    def _commit_ms(self, version: int, actions: list[dict]) -> int:
+        """The commit's time as Delta readers take it: its in-commit timestamp, else its log
+        entry's modification time (never old enough when that is not known)."""
+        for action in actions:
+            stamp = action.get("commitInfo", {}).get("inCommitTimestamp")
+            if stamp is not None:
+                return int(stamp)
+        if self._entry_times is None:
+            self._entry_times = log_listing(self.table_uri)
+        return self._entry_times.get(f"{version:020d}.json", _NEVER)
+
     def _log_entry(self, version: int) -> str | None:
         if not self._local:
             entry = storage.read_object(commit_uri(self.table_uri, version))
@@ -160,6 +198,10 @@ class TableVacuum:
             if uri.startswith(root):
                 return uri[len(root):]
         return uri
+
+
+def _outside(path: str) -> bool:
+    return path.startswith("/") or "://" in path
 
 
 def _unlink_below(root: str, parts: list[str]) -> None:

@@ -143,6 +143,8 @@ def _decode_once(text: str, shown: str) -> str:
 
 def object_store_of(uri: str) -> ObjectStore | None:
     """The object store ``uri`` names by its scheme (any spelling, any case), None if local."""
+    if uri.startswith(("/", "file:")):  # a local path or file URI, the usual case: no parsing
+        return None
     scheme, sep, _ = uri.partition("://")
     return _SPELLINGS.get(scheme.lower()) if sep else None
 

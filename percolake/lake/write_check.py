@@ -431,7 +431,8 @@ def _check_form(write: TableWriteRecord, fields: dict[str, dict[str, Any]]) -> N
         raise InvalidArgument(f"table {table}: partition columns {nested} are not of a "
                               "primitive type")
     for add in write.add_files:
-        if "\x00" in add.path or any(s in ("", ".", "..") for s in add.path.split("/")):
+        segments = add.path.split("/")
+        if "\x00" in add.path or "" in segments or "." in segments or ".." in segments:
             raise InvalidArgument(f"table {table}: file {add.path!r} has an empty, '.' or "
                                   "'..' segment or a NUL character")
 
@@ -444,11 +445,13 @@ def _check_files(write: TableWriteRecord,
         _check_objects(write, listings)
         return
     root = local_path(write.table)
+    # below the table's folder whatever the path (a leading '/' never leaves it)
+    folder = root if root.endswith("/") else f"{root}/"
     missing: list[str] = []
     wrong: list[str] = []
     for add in _written_files(write):
         try:
-            info = os.stat(os.path.join(root, add.path))
+            info = os.stat(folder + add.path)
         except OSError:
             missing.append(add.path)
             continue

@@ -168,3 +168,72 @@ def test_merge_schema_evolution_equals_delta_spark(spark, lake_daemon, lake) -> 
             participant.run_batch(spark.range(1), batch_id,
                                   lambda df, b, txn, m=merge, t=ours: m(txn.delta_table(str(t))))
     assert rows(spark, explicit) == rows(spark, explicit_ref)
+
+
+def condition(call: Callable[[], object]) -> str | None:
+    """The error class (condition) of what ``call`` raises; fails if it raises nothing."""
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - any error: its class is compared
+        call()
+    return raised.value.getCondition()  # type: ignore[union-attr]
+
+
+def test_nested_keys_nested_case_and_structs_by_name_equal_delta_spark(  # noqa: ANN001
+        spark, lake_daemon, lake) -> None:
+    """``set``/``values`` keys naming nested fields (``S.X``, ``t.s.i.q``: one field set, the
+    others kept; a null struct becomes one), structs assigned whole matched by field name
+    case aside (MERGE and UPDATE), a nested key adding a field with schema evolution and an
+    UpdateAll whose source struct names the table's fields in another case: the table after
+    one batch equals delta-spark's after its own operations on a copy; and the refusals
+    (each tried inside the batch, changing nothing) have delta-spark's error classes."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"mnested-{lake.name}")
+    table = lake / "nested"
+    reference = made(spark, table, "id long, s struct<x:int,y:string,i:struct<p:int,q:int>>, "
+                     "v long", [(1, (1, "one", (1, 1)), 10), (2, (2, "two", (2, 2)), 20),
+                                (3, None, 30)])
+    source = spark.createDataFrame(
+        [(1, 100, (11, "eleven", 1.5)), (3, 300, None), (9, 900, (99, "nine", 2.5))],
+        "id long, n int, s struct<X:int,Y:string,z:double>")
+
+    def merge(dt, evolving: bool = False):  # noqa: ANN001, ANN202
+        builder = dt.alias("t").merge(source.alias("src"), "t.id = src.id")
+        return builder.withSchemaEvolution() if evolving else builder
+
+    operations = [
+        lambda dt: merge(dt).whenMatchedUpdate(set={"S.X": "src.n", "t.s.i.q": "src.n + 1"})
+        .whenNotMatchedInsert(values={"id": "src.id", "s": "named_struct('Y', src.s.Y, 'i', "
+                                      "named_struct('q', 1, 'p', 2), 'x', src.n)"}).execute(),
+        lambda dt: dt.update("id = 2", {"s": "named_struct('i', named_struct('Q', 5, 'P', 6), "
+                                             "'y', 'upd', 'X', 7)"}),
+        lambda dt: dt.update("id < 3", {"s.i.P": "s.i.p * 10"}),
+        lambda dt: merge(dt, evolving=True).whenMatchedUpdate(set={"s.z": "src.n"}).execute(),
+        lambda dt: merge(dt, evolving=True).whenMatchedUpdateAll().execute(),
+    ]
+    refusals = [
+        ("FIELD_NOT_FOUND", lambda dt: merge(dt).whenMatchedUpdate(set={"s.z": "src.n"})
+         .execute()),
+        ("FIELD_NOT_FOUND", lambda dt: merge(dt, evolving=True)
+         .whenMatchedUpdate(set={"s.w": "src.n"}).execute()),
+        ("DELTA_UNSUPPORTED_NESTED_FIELD_IN_OPERATION", lambda dt: merge(dt)
+         .whenNotMatchedInsert(values={"id": "src.id", "s.x": "src.n"}).execute()),
+        ("DELTA_CONFLICT_SET_COLUMN", lambda dt: dt.update("id = 1", {"s.x": "1", "s": "null"})),
+        ("DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION", lambda dt: dt.update(
+            "id = 1", {"s": "named_struct('a', 1, 'y', 'a', 'i', named_struct('p', 1, 'q', 2))"})),
+    ]
+    ours: list[str | None] = []
+
+    def batch(df: DataFrame, b: int, txn) -> None:  # noqa: ANN001
+        dt = txn.delta_table(str(table))
+        ours.extend(condition(lambda r=r: r(dt)) for _, r in refusals)
+        for operation in operations:
+            operation(dt)
+
+    participant.run_batch(spark.range(1), 0, batch)
+    theirs = DeltaTable.forPath(spark, str(reference))
+    assert [condition(lambda r=r: r(theirs)) for _, r in refusals] == ours == \
+        [expected for expected, _ in refusals]
+    for operation in operations:
+        operation(theirs)
+    assert rows(spark, table) == rows(spark, reference)
+    assert logical(newest_metadata(table)["schemaString"]) == \
+        logical(newest_metadata(reference)["schemaString"])
+    assert len(list((table / "_delta_log").glob("*.json"))) == 3, "one commit for the batch"

@@ -578,13 +578,66 @@ def test_txn_write_and_delta_table_on_one_table_run_in_call_order_as_one_commit(
     assert [h["percolake.operation"] for h in history[:2]] == ["DELETE,WRITE,UPDATE",
                                                               "WRITE,UPDATE"]
 
-    def overwrite_then_merge(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
-        txn.write(appended, str(ours), mode="overwrite")
-        txn.delta_table(str(ours))
 
-    with pytest.raises(ValueError, match="beside appends only"):
-        participant.run_batch(spark.range(1), 2, overwrite_then_merge)
-    assert len(RustTable(str(ours)).history()) == 3
+def upsert(dt, source: DataFrame) -> object:  # noqa: ANN001
+    return (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedUpdate(set={"value": "s.value"}).whenNotMatchedInsertAll().execute())
+
+
+def test_overwrites_and_merge_schema_beside_delta_table_equal_delta_spark_in_call_order(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """Each batch runs ``txn.write`` overwrites or ``merge_schema`` appends and
+    ``txn.delta_table`` operations on one table; delta-spark runs the same operations in the
+    same order on a copy: the same rows and schema after each batch, one commit per batch."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"mixops-{lake.name}")
+    ours, theirs = lake / "mixops", lake / "mixops-reference"
+    make_table(spark, ours, [(1, 1, "eu"), (2, 2, "us"), (3, 3, "ap")], True)
+    shutil.copytree(ours, theirs)
+    frame = spark.createDataFrame
+    fresh = frame([(1, 10, "eu"), (4, 40, "us")], SCHEMA)
+    changes = frame([(1, 100, "eu"), (2, 200, "us"), (5, 500, "ap")], SCHEMA)
+    in_eu = frame([(1, 10, "eu"), (6, 60, "eu")], SCHEMA)
+    noted = frame([(7, 7, "us", "n7")], SCHEMA + ", note string")
+    scored = frame([(8, 8, "ap", "n8", 0.5)], SCHEMA + ", note string, score double")
+
+    def write_with(rows: DataFrame, mode: str = "append", merge_schema: bool = False):  # noqa: ANN202
+        def ours_(txn) -> None:  # noqa: ANN001
+            txn.write(rows, str(ours), mode=mode, merge_schema=merge_schema)
+
+        def theirs_(_txn) -> None:  # noqa: ANN001
+            writer = rows.write.format("delta").mode("append" if mode == "append"
+                                                     else "overwrite")
+            if mode == "overwrite_partitions":
+                writer = writer.option("partitionOverwriteMode", "dynamic")
+            writer.option("mergeSchema", str(merge_schema).lower()).save(str(theirs))
+        return ours_, theirs_
+
+    def table_op(operation: Callable[[object], object]):  # noqa: ANN202
+        return (lambda txn: operation(txn.delta_table(str(ours))),
+                lambda _txn: operation(DeltaTable.forPath(spark, str(theirs))))
+
+    batches = {
+        "WRITE,MERGE": [write_with(in_eu, "overwrite_partitions"),
+                        table_op(lambda t: upsert(t, changes))],
+        "MERGE,WRITE,DELETE": [table_op(lambda t: upsert(t, changes)),
+                               write_with(fresh, "overwrite"),
+                               table_op(lambda t: t.delete("id = 4"))],
+        "WRITE,UPDATE": [write_with(noted, merge_schema=True),
+                         table_op(lambda t: t.update("id < 5", {"note": "'old'"}))],
+        "MERGE,WRITE": [table_op(lambda t: upsert(t, noted)),
+                        write_with(scored, merge_schema=True)],
+    }
+    for batch_id, steps in enumerate(batches.values()):
+        participant.run_batch(spark.range(1), batch_id, lambda df, b, txn, steps=steps: [
+            ours_(txn) for ours_, _ in steps])
+        for _, theirs_ in steps:
+            theirs_(None)
+        assert table_rows(spark, ours) == table_rows(spark, theirs), batch_id
+        assert spark.read.format("delta").load(str(ours)).schema.simpleString() == \
+            spark.read.format("delta").load(str(theirs)).schema.simpleString(), batch_id
+    history = RustTable(str(ours)).history()
+    assert len(history) == len(batches) + 1, "each batch is one Delta commit"
+    assert [h["percolake.operation"] for h in reversed(history[:-1])] == list(batches)
 
 
 @pytest.mark.parametrize("before_txn_write", [True, False])

@@ -1,7 +1,8 @@
 """MERGE, UPDATE and DELETE through ``txn.delta_table`` on a table with the change data feed,
 side by side with delta-spark on a copy: the change feed (rows and ``_change_type``) and the
-latest table read by delta-spark are the same, and each commit carries change files exactly
-where delta-spark's does (docs/row-level-writes.md, Change data feed)."""
+latest table read by delta-spark are the same, each commit carries change files exactly where
+delta-spark's does, counted in the operation metrics as delta-spark counts them, and vacuum
+takes them once they are old enough (docs/row-level-writes.md, Change data feed)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import shutil
 from collections import Counter
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +18,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from percolake.lake.vacuum import TableVacuum
 from sparkside import Participant
 from sparkside.delta_table import _on_partitions_only
 
@@ -35,6 +38,26 @@ def change_feed(spark: SparkSession, path: Path) -> Counter:
 def cdc_actions(path: Path, version: int) -> list[dict]:
     text = (path / "_delta_log" / f"{version:020d}.json").read_text()
     return [json.loads(line)["cdc"] for line in text.splitlines() if '"cdc"' in line]
+
+
+def change_file_metrics(spark: SparkSession, path: Path) -> dict[int, dict[str, int]]:
+    """Each version's change-file metrics in ``DESCRIBE HISTORY`` (delta-spark's names:
+    MERGE's ``numTargetChangeFilesAdded``, UPDATE's and DELETE's ``numAddedChangeFiles``)."""
+    return {r["version"]: {k: int(v) for k, v in (r["operationMetrics"] or {}).items()
+                           if "ChangeFiles" in k}
+            for r in DeltaTable.forPath(spark, str(path)).history().collect()}
+
+
+def assert_change_files_counted_as_delta_spark_counts(
+        ours_metrics: dict[str, int], theirs: Path,
+        their_metrics: list[tuple[int, dict[str, int]]]) -> None:
+    """Our commit's change-file metrics carry delta-spark's names for the same operations
+    (theirs: one commit each), count the change files the operations wrote (what delta-spark
+    counts: the ``cdc`` actions of its commit) and are 0 exactly where delta-spark's are."""
+    assert set(ours_metrics) == {k for _, m in their_metrics for k in m}
+    for version, metrics in their_metrics:
+        assert sum(metrics.values()) == len(cdc_actions(theirs, version)), f"theirs {version}"
+    assert (sum(ours_metrics.values()) > 0) == any(sum(m.values()) for _, m in their_metrics)
 
 
 def merge(dt, source: DataFrame) -> None:  # noqa: ANN001
@@ -103,6 +126,29 @@ def test_merge_update_and_delete_write_the_change_feed_delta_spark_writes(
                    and set(a["partitionValues"]) == {"region"} for a in ours_cdc)
     assert cdc_actions(ours, 2), "the whole-file delete's rows are change files beside the update's"
 
+    ours_metrics = change_file_metrics(spark, ours)
+    their_metrics = change_file_metrics(spark, theirs)
+    # the first MERGE ran on the same files on both sides: the same count
+    assert ours_metrics[1] == their_metrics[1] == {"numTargetChangeFilesAdded": 3}
+    their_first = [1] + [v + 1 for v in their_versions[:-1]]  # each batch's first commit
+    for batch_id, version in enumerate((1, 2, 3, 4)):
+        their_batch = [(v, their_metrics[v]) for v in range(their_first[batch_id],
+                                                             their_versions[batch_id] + 1)]
+        assert_change_files_counted_as_delta_spark_counts(ours_metrics[version], theirs,
+                                                          their_batch)
+        # the operations' own change files; those written for the append and the whole-file
+        # delete (which delta-spark's own commits of them do not have) are not counted
+        own = [a for a in cdc_actions(ours, version) if "/op" in a["path"]]
+        assert sum(ours_metrics[version].values()) == len(own), f"version {version}"
+
+    # percolake's vacuum (lake side) takes every change file, ours under _percolake/ as
+    # delta-spark's, once its commit is older than the retention, and none before
+    for path, newest in ((ours, 4), (theirs, their_versions[-1])):
+        changes = {unquote(a["path"]) for v in range(1, newest + 1) for a in cdc_actions(path, v)}
+        vacuum = TableVacuum(f"file://{path}")
+        assert changes and changes <= set(vacuum.candidates(0))
+        assert not changes & set(vacuum.candidates(1))
+
 
 def test_a_delete_on_partition_columns_only_is_told_apart_as_delta_spark_does(spark) -> None:  # noqa: ANN001
     frame = spark.createDataFrame([(1, 2, "eu")], SCHEMA).alias("t")
@@ -112,22 +158,23 @@ def test_a_delete_on_partition_columns_only_is_told_apart_as_delta_spark_does(sp
         assert _on_partitions_only(frame, condition, ["region"]) is whole_files, condition
 
 
+@pytest.mark.parametrize("mode", ["name", "id"])
 def test_a_column_mapped_table_gets_the_change_feed_delta_spark_writes(
-        spark, lake_daemon, lake) -> None:  # noqa: ANN001
-    """Change files of a column-mapped table (``name``): physical column names, field ids
-    and partition values keyed by physical name, ``_change_type`` as it is; delta-spark's
-    change feed and latest table read the same as after its own operations."""
+        spark, lake_daemon, lake, mode) -> None:  # noqa: ANN001
+    """Change files of a column-mapped table (``name`` or ``id``): physical column names,
+    field ids and partition values keyed by physical name, ``_change_type`` as it is;
+    delta-spark's change feed and latest table read the same as after its own operations."""
     ours, theirs = lake / "mapped", lake / "mapped-reference"
     spark.sql(f"CREATE TABLE delta.`{ours}` ({SCHEMA}) USING DELTA PARTITIONED BY (region) "
               "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true', "
-              "'delta.columnMapping.mode' = 'name')")
+              f"'delta.columnMapping.mode' = '{mode}')")
     rows = [(k, k * 7 % 100, ["eu", "us", "ap"][k % 3]) for k in range(20)]
     spark.createDataFrame(rows, SCHEMA).write.format("delta").mode("append").save(str(ours))
     shutil.copytree(ours, theirs)
     source = spark.createDataFrame([(2, -1, "ap"), (4, 400, "us"), (40, 140, "eu")], SCHEMA)
     operations = [[merge], [lambda dt, s: dt.update("id % 3 = 0", {"value": "value * 10"}),
                             lambda dt, s: dt.delete("value > 150")]]
-    participant = Participant(lake_daemon.target, pipeline_id=f"cdf-mapped-{lake.name}")
+    participant = Participant(lake_daemon.target, pipeline_id=f"cdf-{mode}-{lake.name}")
     for batch_id, batch_operations in enumerate(operations):
         def batch(df: DataFrame, batch_id: int, txn, ops=batch_operations) -> None:  # noqa: ANN001
             for operation in ops:
@@ -137,6 +184,13 @@ def test_a_column_mapped_table_gets_the_change_feed_delta_spark_writes(
         for operation in batch_operations:
             operation(DeltaTable.forPath(spark, str(theirs)), source)
 
+    ours_metrics = change_file_metrics(spark, ours)
+    their_metrics = change_file_metrics(spark, theirs)
+    assert ours_metrics[2] == their_metrics[2] == {"numTargetChangeFilesAdded": 3}
+    for version, their_batch in ((2, [2]), (3, [3, 4])):
+        assert_change_files_counted_as_delta_spark_counts(
+            ours_metrics[version], theirs, [(v, their_metrics[v]) for v in their_batch])
+        assert sum(ours_metrics[version].values()) == len(cdc_actions(ours, version))
     assert change_feed(spark, ours) == change_feed(spark, theirs)
     latest = spark.read.format("delta").load
     assert sorted(latest(str(ours)).collect()) == sorted(latest(str(theirs)).collect())
