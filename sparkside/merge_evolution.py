@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkside.errors import MergeClauseError
-from sparkside.writer import struct_schema_json
+from sparkside.writer import as_nullable, struct_schema_json
 
 SCHEMA_MISMATCH_CLASS = "[DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION]"
 
@@ -141,7 +141,7 @@ def _fit(value: Column, value_type: T.DataType, target: T.DataType,
             and isinstance(value_type.elementType, T.StructType) \
             and isinstance(target.elementType, T.StructType) and value_type != target:
         return F.transform(value, lambda element: _fit(
-            element, value_type.elementType, target.elementType)).cast(_nullable(target))
+            element, value_type.elementType, target.elementType)).cast(as_nullable(target))
     if isinstance(value_type, T.MapType) and isinstance(target, T.MapType) \
             and _has_struct(value_type) and _has_struct(target) \
             and not _same_ignoring_case(value_type, target):
@@ -152,7 +152,7 @@ def _fit(value: Column, value_type: T.DataType, target: T.DataType,
         if value_type.valueType != target.valueType:
             shaped = F.transform_values(shaped, lambda _, item: _fit(
                 item, value_type.valueType, target.valueType))
-        return shaped.cast(_nullable(target))
+        return shaped.cast(as_nullable(target))
     if isinstance(value_type, T.StructType) and isinstance(target, T.StructType) \
             and not _same_ignoring_case(value_type, target):
         return _struct_by_name(value, value_type, target, kept)
@@ -176,7 +176,7 @@ def _struct_by_name(value: Column, value_type: T.StructType, target: T.StructTyp
     null = value.isNull()
     if kept is not None and _has_extra_fields(value_type, target):
         null = null & kept.isNull()  # the target's fields the value lacks stay
-    return F.when(null, F.lit(None)).otherwise(F.struct(*parts)).cast(_nullable(target))
+    return F.when(null, F.lit(None)).otherwise(F.struct(*parts)).cast(as_nullable(target))
 
 
 def _same_ignoring_case(a: T.DataType, b: T.DataType) -> bool:
@@ -215,16 +215,3 @@ def _has_extra_fields(value_type: T.StructType, target: T.StructType) -> bool:
                 and _has_extra_fields(found, field.dataType):
             return True
     return False
-
-
-def _nullable(data_type: T.DataType) -> T.DataType:
-    """``data_type`` with every nested field, element and value nullable (Spark's
-    ``asNullable``): what a rebuilt struct, array or map can be cast to."""
-    if isinstance(data_type, T.StructType):
-        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True, f.metadata)
-                             for f in data_type.fields])
-    if isinstance(data_type, T.ArrayType):
-        return T.ArrayType(_nullable(data_type.elementType), True)
-    if isinstance(data_type, T.MapType):
-        return T.MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
-    return data_type

@@ -50,18 +50,21 @@ def delta_schema_json(df: DataFrame) -> str:
 
 def struct_schema_json(schema: T.StructType) -> str:
     """The Delta schema JSON of a Spark schema, every field nullable (``delta_schema_json``)."""
-    arrow = to_arrow_schema(_nullable(schema), timezone="UTC")
+    arrow = to_arrow_schema(as_nullable(schema), timezone="UTC")
     return Schema.from_arrow(arrow).to_json()
 
 
-def _nullable(data_type: T.DataType) -> T.DataType:
+def as_nullable(data_type: T.DataType) -> T.DataType:
+    """``data_type`` with every nested field, element and value nullable (Spark's
+    ``asNullable``)."""
     if isinstance(data_type, T.StructType):
-        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True, f.metadata)
+        return T.StructType([T.StructField(f.name, as_nullable(f.dataType), True, f.metadata)
                              for f in data_type.fields])
     if isinstance(data_type, T.ArrayType):
-        return T.ArrayType(_nullable(data_type.elementType), True)
+        return T.ArrayType(as_nullable(data_type.elementType), True)
     if isinstance(data_type, T.MapType):
-        return T.MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
+        return T.MapType(as_nullable(data_type.keyType), as_nullable(data_type.valueType),
+                         True)
     return data_type
 
 
