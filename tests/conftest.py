@@ -50,9 +50,9 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 SPARK_SESSION_GROUP = "spark-session"
 SECOND_SPARK_SESSION_GROUP = "spark-session-2"
 SECOND_SPARK_SESSION_MODULES = frozenset({
-    "test_row_level", "test_participant_batches", "test_checkpoint_reads",
-    "test_merge_schema_evolution", "test_concurrent_writes", "test_table_rules",
-    "test_row_level_cdf", "test_nested_fields", "test_writer", "test_percolake_source"})
+    "test_row_level", "test_checkpoint_reads", "test_merge_schema_evolution",
+    "test_concurrent_writes", "test_table_rules", "test_row_level_cdf", "test_nested_fields",
+    "test_writer"})
 S3_STORES_GROUP = "s3-stores"
 SPARK_DRIVERS_GROUP = "spark-drivers"
 _SHARED_SCOPES = ("module", "class", "package")

@@ -23,6 +23,11 @@ from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES, first_fetch_n
 # the S3 tests give it the moto server's settings when they run (``spark_s3``).
 S3_JARS = {"spark.jars.packages": ",".join(S3_CONNECTOR),
            "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}
+# The tests' queries are many and their data tiny: generating and compiling Java code for each
+# query (Spark's default) costs more CPU than interpreting it, with the same results (Spark's
+# own tests run in both modes). The suite is CPU-bound on two cores.
+INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
+               "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +38,7 @@ def spark(pytestconfig: pytest.Config) -> Iterator[SparkSession]:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             print(f"\n{notice}", file=sys.stderr, flush=True)
-    session = local_spark("percolake-tests", conf=S3_JARS)
+    session = local_spark("percolake-tests", conf={**S3_JARS, **INTERPRETED})
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
