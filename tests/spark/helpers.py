@@ -1,10 +1,13 @@
-"""Reading what the coordinator and the Delta tables hold, for assertions."""
+"""Reading what the coordinator and the Delta tables hold, for assertions; running the same
+row-level operations through percolake and delta-spark."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow
 from deltalake import DeltaTable
@@ -48,3 +51,19 @@ def files_of_every_version(table: Path) -> set[str]:
 
 def commit_infos(table: Path) -> list[dict]:
     return [json.loads(json.dumps(h)) for h in DeltaTable(str(table)).history()]
+
+
+def run_on_both(spark: Any, participant: Any, batch_id: int,  # noqa: ANN401 - Spark, Participant
+                operations: Sequence[Callable[[Any, Any], object]], source: Any,
+                ours: Path, theirs: Path) -> None:
+    """Runs ``operations`` (each ``op(delta_table, source)``) in order in one percolake batch on
+    ``ours`` (``txn.delta_table``), then with delta-spark's ``DeltaTable`` on ``theirs``."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    def batch(df: Any, b: int, txn: Any) -> None:  # noqa: ANN401
+        for operation in operations:
+            operation(txn.delta_table(str(ours)), source)
+
+    participant.run_batch(spark.range(1), batch_id, batch)
+    for operation in operations:
+        operation(SparkDeltaTable.forPath(spark, str(theirs)), source)

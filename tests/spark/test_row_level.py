@@ -31,7 +31,7 @@ from percolake.lake.delta_commit import files_of_version
 from sparkside import Participant
 from sparkside.errors import MultipleSourceRowsMatch, RowLevelWriteRefused
 from sparkside.merge_source import needs_materializing
-from tests.spark.helpers import committed_batches, transactions
+from tests.spark.helpers import committed_batches, run_on_both, transactions
 from tests.spark.test_version_checksum import checksum, validated
 
 pytestmark = pytest.mark.spark
@@ -78,13 +78,7 @@ def side_by_side(spark: SparkSession, participant: Participant, lake: Path, name
     make_table(spark, ours, rows, partitioned)
     shutil.copytree(ours, theirs)
 
-    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
-        for operation in operations:
-            operation(txn.delta_table(str(ours)), source)
-
-    participant.run_batch(spark.range(1), 0, batch)
-    for operation in operations:
-        operation(DeltaTable.forPath(spark, str(theirs)), source)
+    run_on_both(spark, participant, 0, operations, source, ours, theirs)
     assert table_rows(spark, ours) == table_rows(spark, theirs)
     return ours, theirs
 
@@ -202,13 +196,7 @@ def test_update_merge_and_delete_of_a_column_mapped_table_equal_delta_spark(  # 
     def delete(dt, src: DataFrame) -> None:  # noqa: ANN001
         dt.delete(F.col("value") > 500)
 
-    def batch(df: DataFrame, batch_id: int, txn) -> None:  # noqa: ANN001
-        for operation in (update, cdc_merge, delete):
-            operation(txn.delta_table(str(ours)), source)
-
-    participant.run_batch(spark.range(1), 0, batch)
-    for operation in (update, cdc_merge, delete):
-        operation(DeltaTable.forPath(spark, str(theirs)), source)
+    run_on_both(spark, participant, 0, (update, cdc_merge, delete), source, ours, theirs)
     assert table_rows(spark, ours) == table_rows(spark, theirs)
     assert RustTable(str(ours)).history(1)[0]["percolake.operation"] == "UPDATE,MERGE,DELETE"
 
@@ -783,13 +771,7 @@ def test_deletion_vectors_on_a_table_that_enables_them_as_delta_spark(
         [lambda dt, src: dt.delete("region = 'ap' AND id < 99")],  # ap's file goes whole
     ]
     for batch_id, operations in enumerate(batches):
-        def run(df: DataFrame, b: int, txn, operations=operations) -> None:  # noqa: ANN001
-            for operation in operations:
-                operation(txn.delta_table(str(ours)), source)
-
-        participant.run_batch(spark.range(1), batch_id, run)
-        for operation in operations:
-            operation(DeltaTable.forPath(spark, str(theirs)), source)
+        run_on_both(spark, participant, batch_id, operations, source, ours, theirs)
         assert table_rows(spark, ours) == table_rows(spark, theirs), batch_id
         assert vector_cardinalities(ours, originals) == vector_cardinalities(theirs, originals)
         version = RustTable(str(ours)).version()

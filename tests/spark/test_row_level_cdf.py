@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from percolake.lake.vacuum import TableVacuum
 from sparkside import Participant
 from sparkside.delta_table import _on_partitions_only
+from tests.spark.helpers import run_on_both
 
 pytestmark = pytest.mark.spark
 
@@ -176,13 +177,7 @@ def test_a_column_mapped_table_gets_the_change_feed_delta_spark_writes(
                             lambda dt, s: dt.delete("value > 150")]]
     participant = Participant(lake_daemon.target, pipeline_id=f"cdf-{mode}-{lake.name}")
     for batch_id, batch_operations in enumerate(operations):
-        def batch(df: DataFrame, batch_id: int, txn, ops=batch_operations) -> None:  # noqa: ANN001
-            for operation in ops:
-                operation(txn.delta_table(str(ours)), source)
-
-        participant.run_batch(spark.range(1), batch_id, batch)
-        for operation in batch_operations:
-            operation(DeltaTable.forPath(spark, str(theirs)), source)
+        run_on_both(spark, participant, batch_id, batch_operations, source, ours, theirs)
 
     ours_metrics = change_file_metrics(spark, ours)
     their_metrics = change_file_metrics(spark, theirs)
