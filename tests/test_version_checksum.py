@@ -105,6 +105,50 @@ def test_a_remove_takes_its_file_out_and_an_emptied_table_lists_no_files():
     assert empty is not None and empty["numFiles"] == 0 and empty["allFiles"] == []
 
 
+def listed(crc: dict) -> list[tuple[str, int | None]]:
+    """A checksum's file listing: each file's path and deletion vector cardinality."""
+    return sorted((a["path"], (a.get("deletionVector") or {}).get("cardinality"))
+                  for a in crc["allFiles"])
+
+
+def test_the_file_listing_follows_each_version_as_delta_sparks_log_replay():
+    first = next_checksum(None, [commit(), {"protocol": DV_PROTOCOL}, {"metaData": metadata()},
+                                 add("p0", 5 * KB), add("p1", 9 * KB)], "t1")
+    assert first is not None and listed(first) == [("p0", None), ("p1", None)]
+    assert all(a["dataChange"] is False for a in first["allFiles"])  # as in the table's state
+    # a deletion vector replaces the file's entry; a remove takes its file out
+    second = next_checksum(first, [commit(), remove("p0", 5 * KB), add("p0", 5 * KB, 2),
+                                   remove("p1", 9 * KB), add("p2", KB)])
+    assert second is not None and listed(second) == [("p0", 2), ("p2", None)]
+    third = next_checksum(second, [commit(), remove("p0", 5 * KB, 2), add("p0", 5 * KB, 4)])
+    assert third is not None and listed(third) == [("p0", 4), ("p2", None)]
+    assert first["allFiles"][0]["dataChange"] is False and len(first["allFiles"]) == 2
+
+
+def test_no_file_listing_where_delta_spark_lists_none_or_it_is_not_known():
+    base = next_checksum(None, [commit(), {"protocol": PROTOCOL}, {"metaData": metadata()},
+                                add("p0", KB)])
+    assert base is not None and len(base["allFiles"]) == 1
+    # a version changing the schema
+    evolved = {**metadata(), "schemaString": '{"type":"struct","fields":[{"name":"y"}]}'}
+    assert "allFiles" not in next_checksum(base, [commit(), {"metaData": evolved}])
+    # more files than delta-spark lists, and after that even when fewer again
+    many = next_checksum(base, [commit(), *[add(f"q{i}", KB) for i in range(50)]])
+    assert many is not None and many["numFiles"] == 51 and "allFiles" not in many
+    fewer = next_checksum(many, [commit(), *[remove(f"q{i}", KB) for i in range(10)]])
+    assert fewer is not None and "allFiles" not in fewer
+    assert "allFiles" in next_checksum(base, [commit(), *[add(f"q{i}", KB) for i in range(49)]])
+    # statistics of more columns than delta-spark lists files for; none kept in checkpoints
+    wide = metadata(**{"delta.dataSkippingNumIndexedCols": "33"})
+    assert "allFiles" not in next_checksum(base, [commit(), {"metaData": wide}, add("p1", KB)])
+    no_stats = metadata(**{"delta.checkpoint.writeStatsAsJson": "false",
+                           "delta.checkpoint.writeStatsAsStruct": "false"})
+    assert "allFiles" not in next_checksum(base, [commit(), {"metaData": no_stats}])
+    # a remove of a file the listing does not hold: the listing is not exact any more
+    stray = next_checksum(base, [commit(), remove("elsewhere", KB), add("p1", KB)])
+    assert stray is not None and "allFiles" not in stray
+
+
 def test_a_remove_without_its_size_leaves_the_state_unknown():
     assert next_checksum(checksum(10 * KB), [commit(), remove("p0", None)]) is None
 

@@ -46,6 +46,11 @@ FILE_SIZE_BINS: tuple[int, ...] = (
 DELETED_RECORDS_BINS: tuple[int, ...] = (0, 1, 10, 100, 1000, 10_000, 100_000, 1_000_000,
                                          10_000_000, 2**31 - 1, 2**63 - 1)
 MAX_SET_TRANSACTIONS = 100  # delta-spark keeps the app transactions in a checksum up to this
+# delta-spark lists a version's files (``allFiles``) in its checksum up to this many files, on
+# tables that index at most ALL_FILES_MAX_INDEXED_COLUMNS columns' statistics; a reader of the
+# version then needs no Spark job to rebuild its file list (a MERGE's find pass, a snapshot).
+ALL_FILES_MAX_FILES = 50
+ALL_FILES_MAX_INDEXED_COLUMNS = 32
 TRANSACTION_RETENTION_KEY = "delta.setTransactionRetentionDuration"
 IN_COMMIT_TIMESTAMPS_KEY = "delta.enableInCommitTimestamps"
 
@@ -63,6 +68,7 @@ def next_checksum(previous: Mapping[str, Any] | None, actions: Sequence[Mapping[
     state = _first_state() if previous is None else _state_of(previous)
     if state is None:
         return None
+    schema_before = None if previous is None else _schema(previous["metadata"])
     added_transactions: list[Mapping[str, Any]] = []
     for action in actions:
         if "add" in action:
@@ -87,6 +93,8 @@ def next_checksum(previous: Mapping[str, Any] | None, actions: Sequence[Mapping[
     if (state.metadata.get("configuration") or {}).get(IN_COMMIT_TIMESTAMPS_KEY,
                                                         "").lower() == "true":
         return None
+    if schema_before is not None and _schema(state.metadata) != schema_before:
+        state.all_files = None  # delta-spark lists no files on a version changing the schema
     return state.checksum(txn_id, previous, added_transactions)
 
 
@@ -110,6 +118,11 @@ class _State:
         self.deleted_histogram = None if deleted is None else list(
             deleted["deletedRecordCounts"])
         self.last_manifest_commit = fields.get("lastManifestCommit")
+        self.files_before = self.files
+        listed = fields.get("allFiles")
+        # the version's add actions by file (path and deletion vector), None when not known
+        self.all_files: dict[tuple[str, str], dict[str, Any]] | None = None \
+            if listed is None else {_file_key(a): dict(a) for a in listed}
 
     def _count(self, file: Mapping[str, Any], sign: int) -> None:
         size = int(file["size"])
@@ -133,12 +146,16 @@ class _State:
 
     def add(self, add: Mapping[str, Any]) -> None:
         self._count(add, 1)
+        if self.all_files is not None:
+            self.all_files[_file_key(add)] = {**add, "dataChange": False}
 
     def remove(self, remove: Mapping[str, Any]) -> bool:
         """False for a remove that does not carry its size (its file's state is unknown)."""
         if remove.get("extendedFileMetadata") is not True or remove.get("size") is None:
             return False
         self._count(remove, -1)
+        if self.all_files is not None and self.all_files.pop(_file_key(remove), None) is None:
+            self.all_files = None  # a file this listing does not hold: the listing is not exact
         return True
 
     def checksum(self, txn_id: str | None, previous: Mapping[str, Any] | None,
@@ -171,9 +188,47 @@ class _State:
                                                       self.deleted_histogram}
         if self.files == 0:  # delta-spark lists the files of an empty version: none
             crc["allFiles"] = []
+        elif self.all_files is not None and _lists_files(self.metadata, self.files_before,
+                                                         self.files):
+            crc["allFiles"] = list(self.all_files.values())
         if self.last_manifest_commit is not None:
             crc["lastManifestCommit"] = self.last_manifest_commit
         return crc
+
+
+def _file_key(action: Mapping[str, Any]) -> tuple[str, str]:
+    """An add or remove's file as Delta's log replay keys it: its path and its deletion
+    vector's unique id (storage type, path or inline data, ``@offset``)."""
+    vector = action.get("deletionVector") or {}
+    unique = f"{vector.get('storageType', '')}{vector.get('pathOrInlineDv', '')}"
+    if vector.get("offset") is not None:
+        unique += f"@{vector['offset']}"
+    return action["path"], unique
+
+
+def _schema(metadata: Mapping[str, Any]) -> Any:
+    return json.loads(metadata.get("schemaString") or "null")
+
+
+def _lists_files(metadata: Mapping[str, Any], files_before: int, files_after: int) -> bool:
+    """delta-spark's rule for listing a version's files in the checksum it derives (with its
+    defaults of ``allFilesInCrc``): statistics kept in checkpoints (as JSON or as a struct),
+    at most ``ALL_FILES_MAX_INDEXED_COLUMNS`` indexed columns, and at most
+    ``ALL_FILES_MAX_FILES`` files before and after the version."""
+    configuration = metadata.get("configuration") or {}
+
+    def enabled(key: str) -> bool:
+        return str(configuration.get(key, "true")).lower() == "true"
+
+    if not (enabled("delta.checkpoint.writeStatsAsJson")
+            or enabled("delta.checkpoint.writeStatsAsStruct")):
+        return False
+    try:
+        indexed = int(configuration.get("delta.dataSkippingNumIndexedCols", "32"))
+    except ValueError:
+        return False
+    return indexed <= ALL_FILES_MAX_INDEXED_COLUMNS \
+        and max(files_before, files_after) <= ALL_FILES_MAX_FILES
 
 
 def _first_state() -> _State:
@@ -182,7 +237,7 @@ def _first_state() -> _State:
                    "fileSizeHistogram": {"sortedBinBoundaries": list(FILE_SIZE_BINS),
                                          "fileCounts": [0] * len(FILE_SIZE_BINS),
                                          "totalBytes": [0] * len(FILE_SIZE_BINS)},
-                   "numDeletedRecordsOpt": 0, "numDeletionVectorsOpt": 0,
+                   "numDeletedRecordsOpt": 0, "numDeletionVectorsOpt": 0, "allFiles": [],
                    "deletedRecordCountsHistogramOpt": {
                        "deletedRecordCounts": [0] * (len(DELETED_RECORDS_BINS) - 1)}})
 

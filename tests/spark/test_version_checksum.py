@@ -26,6 +26,23 @@ def checksum(table: Path, version: int) -> dict:
     return json.loads((table / "_delta_log" / f"{version:020d}.crc").read_text())
 
 
+def listing(crc: dict) -> list[tuple]:
+    """A checksum's file listing (``allFiles``, which delta-spark's reads of the version take
+    instead of replaying its log): each file's path, size, statistics and deletion vector."""
+    return sorted((a["path"], a["size"], a["stats"],
+                   (a.get("deletionVector") or {}).get("cardinality")) for a in crc["allFiles"])
+
+
+def replayed(spark: SparkSession, table: Path) -> list[tuple]:
+    """The same of the table's newest version, from delta-spark's own replay of its log."""
+    delta = spark._jvm.org.apache.spark.sql.delta
+    delta.DeltaLog.clearCache()
+    snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
+    files = DataFrame(snapshot.allFilesViaStateReconstruction().toDF(), spark).collect()
+    return sorted((f.path, f.size, f.stats,
+                   f.deletionVector.cardinality if f.deletionVector else None) for f in files)
+
+
 def validated(spark: SparkSession, table: Path, version: int) -> object:
     """delta-spark's snapshot of ``table`` at its newest version, read from its checksum and
     validated against the state it reconstructs from the log (raises on a mismatch)."""
@@ -39,9 +56,10 @@ def validated(spark: SparkSession, table: Path, version: int) -> object:
 
 
 def assert_like_delta_sparks(ours: dict, theirs: dict, *, same_files: bool) -> None:
-    """The same fields, the same table description; with ``same_files`` (both sides wrote the
-    same rows into one file each) the same counts, except sizes (two Parquet writers)."""
-    assert set(ours) == set(theirs) - {"allFiles"}, (set(ours), set(theirs))
+    """The same fields (the file listing too), the same table description; with
+    ``same_files`` (both sides wrote the same rows into one file each) the same counts, except
+    sizes (two Parquet writers)."""
+    assert set(ours) == set(theirs), (set(ours), set(theirs))
     for field in ("numMetadata", "numProtocol", "metadata", "protocol", "domainMetadata"):
         assert ours[field] == theirs[field], field
     assert ours["fileSizeHistogram"]["sortedBinBoundaries"] \
@@ -74,6 +92,7 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
     append = checksum(ours, 2)
     assert_like_delta_sparks(append, checksum(theirs, 2), same_files=True)
     assert validated(spark, ours, 2).numFiles() == 2
+    assert listing(append) == replayed(spark, ours)
 
     source = spark.createDataFrame([(2, 20, "eu"), (9, 9, "ap")], SCHEMA)
 
@@ -95,6 +114,7 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
     assert merged["deletedRecordCountsHistogramOpt"]["deletedRecordCounts"][1:] \
         == checksum(theirs, 3)["deletedRecordCountsHistogramOpt"]["deletedRecordCounts"][1:]
     assert validated(spark, ours, 3).tableSizeBytes() == merged["tableSizeBytes"]
+    assert listing(merged) == replayed(spark, ours)
 
     # the validation is live: a checksum one file off fails it, as it would delta-spark's writes
     broken = lake / "crc-broken"
@@ -109,9 +129,11 @@ def test_percolakes_checksums_are_delta_sparks_and_pass_its_validation(
     participant.run_batch(spark.range(1), 2, lambda df, b, txn: txn.write(appended, str(made)))
     appended.write.format("delta").save(str(reference))
     first = checksum(made, 0)
-    assert set(first) == set(checksum(reference, 0)) - {"allFiles"}
+    assert set(first) == set(checksum(reference, 0))
     assert first["numFiles"] == checksum(reference, 0)["numFiles"] == 1
     validated(spark, made, 0)
+    assert listing(first) == replayed(spark, made)
     participant.run_batch(spark.range(1), 3, lambda df, b, txn: txn.write(
         source, str(made), mode="overwrite"))
     assert validated(spark, made, 1).numFiles() == checksum(made, 1)["numFiles"]
+    assert listing(checksum(made, 1)) == replayed(spark, made)
