@@ -157,6 +157,10 @@ class TransactionDeltaTable:
     def _frame(self, state: RowLevelTable | None = None) -> DataFrame:
         return self._aliased((state or self._state()).current())
 
+    def _frame_listed(self, state: RowLevelTable) -> DataFrame | None:
+        current = state.current_listed()
+        return None if current is None else self._aliased(current)
+
     def _rows(self, state: RowLevelTable, touched: list[str]) -> DataFrame:
         """The rows of the files ``touched``, read alone (the rewrite's input)."""
         return self._aliased(state.rows_of(touched))
@@ -362,6 +366,11 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     not_matched = [c for c in clauses if c.kind == "not_matched"]
     by_source = [c for c in clauses if c.kind == "not_matched_by_source"]
     source = source.withColumn(S_HERE, F.lit(True))
+    if not by_source and not _prunes_target(target, source, condition):
+        # the whole version is read: from its checksum's listing, no scan to plan (as
+        # delta-spark's MERGE lists it)
+        listed = _joinable(table._frame_listed(state), source, condition)
+        target = target if listed is None else listed
     source_rows = Observation("percolake_merge_source")
     metrics: dict[str, int] = {}
     touched: list[str] = []
@@ -515,6 +524,41 @@ def _touched_by_matches(state: RowLevelTable, table: TransactionDeltaTable, targ
             f"{worst['row'].asDict()}. Preprocess the source so that at most one of its rows "
             "matches each target row (e.g. keep the latest change per key).")
     return touched
+
+
+def _prunes_target(target: DataFrame, source: DataFrame, condition: Column) -> bool:
+    """Whether a conjunct of the MERGE's condition reads the target alone (delta-spark prunes
+    the target's files by those; a condition of join keys alone reads every file). True when
+    the condition cannot be walked here: the find pass then plans its scan as any query."""
+    try:
+        joined = _folded(target.join(source, condition, "inner"))
+        found = joined.condition()
+        if not found.isDefined():
+            return True
+        target_columns = target._jdf.queryExecution().analyzed().outputSet()  # noqa: SLF001
+        conjuncts = [found.get()]
+        while conjuncts:
+            term = conjuncts.pop()
+            if term.getClass().getSimpleName() == "And":
+                conjuncts += [term.left(), term.right()]
+            elif term.references().subsetOf(target_columns):
+                return True
+        return False
+    except Exception:  # noqa: BLE001 - Py4J's or Spark's error: the ordinary find pass
+        return True
+
+
+def _joinable(target: DataFrame | None, source: DataFrame, condition: Column
+              ) -> DataFrame | None:
+    """``target`` if the condition resolves on its join with ``source`` (a condition holding
+    another frame's column objects resolves only on that frame), else None."""
+    if target is None:
+        return None
+    try:
+        target.join(source, condition, "inner").schema  # noqa: B018 - analysis, no job
+    except Exception:  # noqa: BLE001 - Spark's analysis error: the ordinary find pass
+        return None
+    return target
 
 
 def _all_columns(clause: _Clause, state: RowLevelTable, source: DataFrame,

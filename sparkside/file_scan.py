@@ -65,6 +65,20 @@ class FileScan:
                 found[add.path()] = add
         return found
 
+    def listed(self) -> dict[str, Any] | None:
+        """The version's add actions, by ``path`` as the log spells it, as its checksum lists
+        them (``allFiles``; no Spark job); None when the checksum lists none."""
+        checksum = self.snapshot.checksumOpt()
+        files = checksum.get().allFiles() if checksum.isDefined() else None
+        if files is None or not files.isDefined():
+            return None
+        found: dict[str, Any] = {}
+        adds = files.get().iterator()
+        while adds.hasNext():
+            add = adds.next()
+            found[add.path()] = add
+        return found
+
     def spark_path(self, relative: str) -> str:
         """The ``_metadata.file_path`` Spark gives the rows of the table's file at
         ``relative`` (its real path below the table root): delta-spark's own resolution of a

@@ -206,7 +206,20 @@ class RowLevelTable:
 
     def current(self) -> DataFrame:
         """The table as this batch's operations left it, with each row's file in FILE."""
-        base = self._base()
+        return self._current_of(self._base())
+
+    def current_listed(self) -> DataFrame | None:
+        """``current()`` read from the add actions that the read version's checksum lists:
+        Spark plans no scan of the version (no file listing, no statistics job), so its
+        reads prune no file by statistics. None when the checksum lists no files."""
+        listed = self._scan().listed()
+        if listed is None:
+            return None
+        self._scanned = listed
+        return self._current_of(self._with_evolved(self._scan().rows(list(listed.values()))))
+
+    def _current_of(self, base: DataFrame) -> DataFrame:
+        """``current()`` from ``base``, the rows of the version read."""
         columns = base.columns
         frame = base.select(*columns, F.col("_metadata.file_path").alias(FILE),
                             *self._row_index())
@@ -361,7 +374,9 @@ class RowLevelTable:
     def note_scan(self, frame: DataFrame) -> None:
         """``frame``, just executed, found the files an operation touches: the add actions its
         scan listed are looked up there (no Spark job) when the rewrite reads them."""
-        self._scanned = self._scan().scanned(frame)
+        found = self._scan().scanned(frame)
+        if found:  # else the listing of an earlier read of the version stays (same actions)
+            self._scanned = found
 
     def layout_after(self, layout: TableLayout | None) -> TableLayout | None:
         """``layout`` (the table's latest) with the schema this batch's operations left, so a

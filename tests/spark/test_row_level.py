@@ -533,6 +533,53 @@ def test_the_rewrite_reads_only_the_touched_files(spark, lake_daemon, lake) -> N
     assert len(removed) == 2
 
 
+def delta_scan_plannings(spark: SparkSession, run: Callable[[], object]) -> int:
+    """Spark jobs of delta-spark's scan planning (listing a version's files, pruning them by
+    statistics: "Filtering files for query") that ``run`` starts."""
+    context = spark.sparkContext
+    group = f"scan-plannings-{id(run)}"
+    context.setJobGroup(group, group)
+    try:
+        run()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    store = context._jsc.sc().statusStore()
+    descriptions = [store.job(j).description() for j in
+                    context.statusTracker().getJobIdsForGroup(group)]
+    return sum(1 for d in descriptions if d.isDefined() and "Filtering files" in d.get())
+
+
+def test_a_merge_by_join_keys_alone_takes_the_files_its_versions_checksum_lists(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A MERGE whose condition reads no target column alone reads every file of the version,
+    as delta-spark's does; where the version's checksum lists its files (``allFiles``) the
+    find pass reads them from that listing, so delta-spark's scan planning runs no job (its
+    own MERGE runs none either); the rows equal delta-spark's MERGE on a copy, twice (the
+    second on a version percolake wrote, with the listing percolake derived)."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"keys-{lake.name}")
+    ours, theirs = lake / "keyed", lake / "keyed-reference"
+    make_table(spark, ours, [(i, i, "eu" if i % 2 else "us") for i in range(40)], True)
+    shutil.copytree(ours, theirs)
+    plannings = {}
+    for batch, ids in enumerate(((3, 4, 41), (4, 5, 42))):
+        source = spark.createDataFrame([(i, -i, "eu", "U") for i in ids], f"{SCHEMA}, op string")
+
+        def merge(dt, source=source) -> None:  # noqa: ANN001
+            (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+             .whenMatchedUpdate(set={"value": "s.value"}).whenNotMatchedInsertAll().execute())
+
+        plannings[batch] = delta_scan_plannings(spark, lambda b=batch, m=merge: (
+            participant.run_batch(spark.range(1), b,
+                                  lambda df, i, txn: m(txn.delta_table(str(ours))))))
+        plannings[f"delta-spark {batch}"] = delta_scan_plannings(
+            spark, lambda m=merge: m(DeltaTable.forPath(spark, str(theirs))))
+        assert table_rows(spark, ours) == table_rows(spark, theirs)
+    assert plannings == {0: 0, 1: 0, "delta-spark 0": 0, "delta-spark 1": 0}, plannings
+    listed = json.loads((ours / "_delta_log" / f"{2:020d}.crc").read_text())["allFiles"]
+    assert len(listed) == json.loads((ours / "_delta_log" / f"{2:020d}.crc").read_text())[
+        "numFiles"]
+
+
 def test_txn_write_and_delta_table_on_one_table_run_in_call_order_as_one_commit(
         spark, lake_daemon, lake) -> None:  # noqa: ANN001
     participant = Participant(lake_daemon.target, pipeline_id=f"mixed-{lake.name}")
