@@ -56,6 +56,7 @@ from coordinator.store.schema import (
     quarantine_values,
     refuse_newer,
 )
+from coordinator.store.wal_checkpoints import WalCheckpointer
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 
@@ -150,6 +151,7 @@ class SqliteStore(Store):
         self._db_fd: int | None = None  # the database file, while there is no WAL file
         self._folder_synced = False
         self.group_commits = 0  # COMMITs that made batches durable (for benchmarks)
+        self._checkpointer: WalCheckpointer | None = None  # group commit's, off the lock
         mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise RuntimeError(f"SQLite refused WAL mode (got {mode}) for {self.path}")
@@ -172,6 +174,9 @@ class SqliteStore(Store):
         self._group_commit = group_commit
         if group_commit:  # flush() fsyncs the WAL itself, outside the lock
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # checkpoints leave the COMMIT (and the lock): wal_checkpoints.py
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = WalCheckpointer(self.path)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -254,6 +259,20 @@ class SqliteStore(Store):
             self._conn.execute("COMMIT")
             self._in_group = False
             self.group_commits += 1
+            if self._checkpointer is not None:
+                self._checkpointer.committed()
+                if self._checkpointer.restart_due:
+                    self._restart_wal()
+
+    def _restart_wal(self) -> None:
+        """A checkpoint on the serving connection right after its COMMIT (under the lock, so
+        nothing is appended meanwhile): it copies what the background passes left, and the
+        next transaction writes the WAL from its start (wal_checkpoints.py)."""
+        self._checkpointer.restart_due = False
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:  # committed data is safe; the WAL grows until the next
+            log.warning("WAL checkpoint after a commit failed: %s", exc)
 
     def _sync_wal_or_stop(self) -> None:
         """Syncs the WAL file: every COMMIT made before is on stable storage after it.
@@ -294,6 +313,9 @@ class SqliteStore(Store):
             if self._group_commit:
                 self._commit_group()
                 _sync_data(self._wal())
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             self._conn.close()
             for fd in (self._wal_fd, self._db_fd):
                 if fd is not None:
