@@ -18,7 +18,9 @@ driver is) writing its own 3 tables, so the coordinator's table holds never make
 wait on each other. The same run measures the machine's own limits side by side: fsync latency
 of a file in the daemon's data dir and the round trip and throughput of a bare gRPC health
 Check (trivial servers in other processes, one on a thread pool and one on grpc.aio, and the
-daemon's own health service), and prints the coordinator's figures as ratios to them.
+daemon's own health service; the thread-pool echo at every closed-loop level, since a server's
+CPU per call changes with the calls in flight), and prints the coordinator's figures as ratios
+to them.
 
 Closed loop at several concurrency levels gives the committed txn/s; an open loop at a fixed
 rate (500 txn/s by default) gives the latencies at that load, measured from each transaction's
@@ -34,9 +36,10 @@ CPU for that many calls); ``--json`` carries them as ``daemon_cpu_ms_per_txn``,
 ``headline_txn_per_s``, ``bare_grpc_txn_per_s`` and ``bare_grpc_cpu_ms_per_txn``. Then issue 33's
 goals, each beside its goal and the baseline measured in this run (``goals`` in ``--json``): the
 daemon's CPU per committed transaction as a multiple of the bare gRPC server's CPU for as many
-calls (goal <= 2), its RPC/s as a share of the bare echo's calls/s (goal >= 0.3), and the
-coordinator's share of a batch at concurrency 1, p99 of the calls a batch waits for (Open,
-Prewrite, Commit; goal <= 5 ms), beside the echo's round trip p99 for as many calls.
+calls (goal <= 2) and its RPC/s as a share of the bare echo's calls/s (goal >= 0.3), each
+also against the echo driven at the daemon's own best level, and the coordinator's share of a
+batch at concurrency 1, p99 of the calls a batch waits for (Open, Prewrite, Commit; goal <= 5
+ms), beside the echo's round trip p99 for as many calls.
 
     python scripts/bench_coordinator.py --quick --json /tmp/coord.json
     python scripts/bench_coordinator.py --quick --store both
