@@ -16,7 +16,9 @@ COMMIT only writes the WAL) and ``flush()`` fsyncs the WAL file itself after the
 the lock, before any caller it covers returns; so other requests' batches go on while the disk
 syncs, instead of queueing behind it (and behind them the coordinator's lock). A checkpoint
 syncs the WAL before it copies it (SQLite's rule under NORMAL), so what a flush covered is
-never lost to a WAL restart. A single statement outside a batch is its own atomic step (SQLite
+never lost to a WAL restart. Under group commit the serving connection never checkpoints inside
+a COMMIT: ``wal_checkpoints.WalCheckpointer`` does it from its own thread and connection. A
+single statement outside a batch is its own atomic step (SQLite
 rolls back a failed statement alone), so it needs no savepoint.
 """
 
