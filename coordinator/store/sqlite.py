@@ -16,10 +16,10 @@ COMMIT only writes the WAL) and ``flush()`` fsyncs the WAL file itself after the
 the lock, before any caller it covers returns; so other requests' batches go on while the disk
 syncs, instead of queueing behind it (and behind them the coordinator's lock). A checkpoint
 syncs the WAL before it copies it (SQLite's rule under NORMAL), so what a flush covered is
-never lost to a WAL restart. Under group commit the serving connection never checkpoints inside
-a COMMIT: ``wal_checkpoints.WalCheckpointer`` does it from its own thread and connection. A
-single statement outside a batch is its own atomic step (SQLite
-rolls back a failed statement alone), so it needs no savepoint.
+never lost to a WAL restart. Under group commit SQLite never checkpoints inside a COMMIT:
+``wal_checkpoints.WalCheckpointer`` does from its own thread and connection, and the serving
+connection only once the WAL passes its bound. A single statement outside a batch is its own
+atomic step (SQLite rolls back a failed statement alone), so it needs no savepoint.
 """
 
 from __future__ import annotations
