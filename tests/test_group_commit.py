@@ -201,3 +201,76 @@ def test_batches_go_on_while_a_flush_syncs_and_the_flush_waits_for_its_sync(tmp_
     store.flush()
     assert durable_ids(tmp_path) == {"a", "b"}
     store.close()
+
+
+def _wide_txn(txn_id: str, start_ts: int) -> TxnRecord:
+    """A transaction row of about one page (a batch's intents make rows of that size)."""
+    record = txn(txn_id, start_ts)
+    record.abort_reason = "x" * 3500
+    return record
+
+
+def test_a_flush_never_checkpoints_the_wal_on_the_serving_connection(tmp_path):
+    """SQLite's own checkpoint ran inside the COMMIT past 1,000 WAL pages, under the store's
+    lock; the serving connection must leave every checkpoint to wal_checkpoints.py."""
+    store = SqliteStore(tmp_path, group_commit=True)
+    store._checkpointer.close()  # no background pass either: the WAL only grows
+    database = tmp_path / "coordinator.db"
+    size = database.stat().st_size
+    for i in range(1200):  # > 1,000 pages of WAL
+        store.insert_txn(_wide_txn(f"t{i}", i + 1))
+        store.flush()
+    assert database.stat().st_size == size  # nothing was copied into the database file
+    assert len(durable_ids(tmp_path)) == 1200  # all of it durable, in the WAL
+    store._checkpointer = None
+    store.close()
+
+
+def test_concurrent_flushes_are_checkpointed_in_the_background_and_the_wal_stays_bounded(
+        tmp_path, monkeypatch):
+    from coordinator.store import wal_checkpoints
+
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(wal_checkpoints, "RESTART_PAGES", 100)
+    store = SqliteStore(tmp_path, group_commit=True)
+    database = tmp_path / "coordinator.db"
+    size = database.stat().st_size
+    errors: list[BaseException] = []
+
+    def writer(worker: int) -> None:
+        try:
+            for i in range(100):
+                store.insert_txn(_wide_txn(f"w{worker}-{i}", worker * 1000 + i + 1))
+                store.flush()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert store._checkpointer.checkpoints > 0
+    assert database.stat().st_size > size  # the background passes copied the WAL
+    # 800 rows of a page each were written; the WAL was reused, never held them all
+    assert (tmp_path / "coordinator.db-wal").stat().st_size < 600 * 4096
+    assert len(durable_ids(tmp_path)) == 800
+    store.close()
+
+
+def test_a_wal_past_its_bound_is_checkpointed_by_the_next_flush(tmp_path):
+    store = SqliteStore(tmp_path, group_commit=True)
+    store._checkpointer.close()
+    database = tmp_path / "coordinator.db"
+    size = database.stat().st_size
+    store.insert_txn(_wide_txn("a", 1))
+    store.flush()
+    assert database.stat().st_size == size
+    store._checkpointer.restart_due = True  # what a background pass sets past RESTART_PAGES
+    store.insert_txn(_wide_txn("b", 2))
+    store.flush()
+    assert database.stat().st_size > size
+    assert not store._checkpointer.restart_due
+    store._checkpointer = None
+    store.close()

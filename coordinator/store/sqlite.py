@@ -16,8 +16,10 @@ COMMIT only writes the WAL) and ``flush()`` fsyncs the WAL file itself after the
 the lock, before any caller it covers returns; so other requests' batches go on while the disk
 syncs, instead of queueing behind it (and behind them the coordinator's lock). A checkpoint
 syncs the WAL before it copies it (SQLite's rule under NORMAL), so what a flush covered is
-never lost to a WAL restart. A single statement outside a batch is its own atomic step (SQLite
-rolls back a failed statement alone), so it needs no savepoint.
+never lost to a WAL restart. Under group commit SQLite never checkpoints inside a COMMIT:
+``wal_checkpoints.WalCheckpointer`` does from its own thread and connection, and the serving
+connection only once the WAL passes its bound. A single statement outside a batch is its own
+atomic step (SQLite rolls back a failed statement alone), so it needs no savepoint.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from coordinator.store.schema import (
     quarantine_values,
     refuse_newer,
 )
+from coordinator.store.wal_checkpoints import WalCheckpointer
 from percolake.errors import StoreConflict
 from percolake.records import PipelineRecord, QuarantineRecord, TxnRecord
 
@@ -150,6 +153,7 @@ class SqliteStore(Store):
         self._db_fd: int | None = None  # the database file, while there is no WAL file
         self._folder_synced = False
         self.group_commits = 0  # COMMITs that made batches durable (for benchmarks)
+        self._checkpointer: WalCheckpointer | None = None  # group commit's, off the lock
         mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise RuntimeError(f"SQLite refused WAL mode (got {mode}) for {self.path}")
@@ -172,6 +176,9 @@ class SqliteStore(Store):
         self._group_commit = group_commit
         if group_commit:  # flush() fsyncs the WAL itself, outside the lock
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # checkpoints leave the COMMIT (and the lock): wal_checkpoints.py
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = WalCheckpointer(self.path)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -254,6 +261,20 @@ class SqliteStore(Store):
             self._conn.execute("COMMIT")
             self._in_group = False
             self.group_commits += 1
+            if self._checkpointer is not None:
+                self._checkpointer.committed()
+                if self._checkpointer.restart_due:
+                    self._restart_wal()
+
+    def _restart_wal(self) -> None:
+        """A checkpoint on the serving connection right after its COMMIT (under the lock, so
+        nothing is appended meanwhile): it copies what the background passes left, and the
+        next transaction writes the WAL from its start (wal_checkpoints.py)."""
+        self._checkpointer.restart_due = False
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:  # committed data is safe; the WAL grows until the next
+            log.warning("WAL checkpoint after a commit failed: %s", exc)
 
     def _sync_wal_or_stop(self) -> None:
         """Syncs the WAL file: every COMMIT made before is on stable storage after it.
@@ -294,6 +315,9 @@ class SqliteStore(Store):
             if self._group_commit:
                 self._commit_group()
                 _sync_data(self._wal())
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             self._conn.close()
             for fd in (self._wal_fd, self._db_fd):
                 if fd is not None:
