@@ -4,6 +4,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,24 @@ def durable_ids(tmp_path) -> set[str]:
     """What another connection (a restart) sees: only committed rows."""
     with sqlite3.connect(tmp_path / "coordinator.db") as other:
         return {r[0] for r in other.execute("SELECT txn_id FROM transactions")}
+
+
+def run_writers(writer: Callable[[int], None], count: int) -> None:
+    """``writer(0..count-1)`` on threads of their own, at once; the first error raised."""
+    errors: list[BaseException] = []
+
+    def run(worker: int) -> None:
+        try:
+            writer(worker)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
 
 
 def test_batches_become_durable_at_flush_not_before(tmp_path):
@@ -67,24 +86,15 @@ def test_close_commits_what_is_pending(tmp_path):
 
 def test_concurrent_writers_share_commits_and_all_are_durable_after_their_flush(tmp_path):
     store = SqliteStore(tmp_path, group_commit=True)
-    errors: list[BaseException] = []
 
     def writer(worker: int) -> None:
-        try:
-            for i in range(50):
-                txn_id = f"w{worker}-{i}"
-                store.insert_txn(txn(txn_id, worker * 1000 + i))
-                store.flush()
-                assert txn_id in durable_ids(tmp_path)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for i in range(50):
+            txn_id = f"w{worker}-{i}"
+            store.insert_txn(txn(txn_id, worker * 1000 + i))
+            store.flush()
+            assert txn_id in durable_ids(tmp_path)
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_writers(writer, 8)
     assert len(durable_ids(tmp_path)) == 400
     assert store.group_commits < 400  # several batches shared a commit
     store.close()
@@ -235,22 +245,13 @@ def test_concurrent_flushes_are_checkpointed_in_the_background_and_the_wal_stays
     store = SqliteStore(tmp_path, group_commit=True)
     database = tmp_path / "coordinator.db"
     size = database.stat().st_size
-    errors: list[BaseException] = []
 
     def writer(worker: int) -> None:
-        try:
-            for i in range(100):
-                store.insert_txn(_wide_txn(f"w{worker}-{i}", worker * 1000 + i + 1))
-                store.flush()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for i in range(100):
+            store.insert_txn(_wide_txn(f"w{worker}-{i}", worker * 1000 + i + 1))
+            store.flush()
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_writers(writer, 8)
     assert store._checkpointer.checkpoints > 0
     assert database.stat().st_size > size  # the background passes copied the WAL
     # 800 rows of a page each were written; the WAL was reused, never held them all
