@@ -57,21 +57,22 @@ PATHS = ("percolake", "baseline")
 
 
 def off_path(request: Request) -> bool:
-    """A request percolake makes off the batch's path, in a background thread: a version
-    checksum (``_delta_log/<v>.crc``: the previous one read, the new one put) or a Delta
-    checkpoint (its Parquet file, ``_last_checkpoint``)."""
+    """A request the driver makes off the batch's path, in a background thread after each
+    Delta commit: a version checksum's (``_delta_log/<v>.crc``: the previous one read, the
+    new one put). (Checkpoints are written in the background too, but delta-rs reads
+    checkpoints and ``_last_checkpoint`` when it loads a table, on the path: not told apart.)"""
     path = request.target.split("?", 1)[0]
-    return "/_delta_log/" in path and (path.endswith(".crc") or ".checkpoint." in path
-                                       or path.endswith("/_last_checkpoint"))
+    return "/_delta_log/" in path and path.endswith(".crc")
 
 
-def kinds_of(requests: list[Request]) -> dict[str, int]:
-    """Requests by kind; the ones off the batch's path (``off_path``) as ``<kind> (bg)``."""
+def kinds_of(requests: list[Request], driver: bool = True) -> dict[str, int]:
+    """Requests by kind; the ``driver``'s off the batch's path (``off_path``) as
+    ``<kind> (bg)`` (the coordinator writes no checksum: whatever it reads is on its path)."""
     counted: dict[str, int] = {}
     for request in requests:
         kind = "multipart" if "uploadId=" in request.target or "?uploads" in request.target \
             else request.kind
-        if off_path(request):
+        if driver and off_path(request):
             kind += " (bg)"
         counted[kind] = counted.get(kind, 0) + 1
     return counted
@@ -222,8 +223,8 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
                 continue
             daemon_side = daemon_relay.requests()
             spark_side = spark_relay.requests()
-            opening = on_path(within(daemon_side, t0, t1))
-            committing = on_path(within(daemon_side, t2, t3))
+            opening = within(daemon_side, t0, t1)
+            committing = within(daemon_side, t2, t3)
             checked = on_path(within(spark_side, t1, t1s))
             applying = on_path(within(spark_side, t3, t4))
             measured.append({
@@ -232,8 +233,9 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
                 "carried_reports": carried_now,
                 "schema_check_requests": kinds_of(checked),
                 "schema_check_round_trips": round_trips(checked),
-                "requests": kinds_of(opening + committing),
-                "open_requests": kinds_of(opening), "commit_requests": kinds_of(committing),
+                "requests": kinds_of(opening + committing, driver=False),
+                "open_requests": kinds_of(opening, driver=False),
+                "commit_requests": kinds_of(committing, driver=False),
                 "open_round_trips": round_trips(opening),
                 "commit_round_trips": round_trips(committing),
                 "round_trips": round_trips(opening) + round_trips(committing),
@@ -475,7 +477,8 @@ def spark_figures(runs: dict[str, list[dict]], spark_requests: list[Request],
         for side, requests in (("Spark side", spark_requests), ("coordinator", daemon_requests)):
             counted: dict[str, float] = {}
             for r in runs[path]:
-                for kind, n in kinds_of(within(requests, *r["window"])).items():
+                for kind, n in kinds_of(within(requests, *r["window"]),
+                                        driver=side == "Spark side").items():
                     counted[kind] = counted.get(kind, 0) + n / len(r["times"]) / len(runs[path])
             counted["on the path"] = sum(n for k, n in counted.items() if not k.endswith("(bg)"))
             counted["total"] = sum(n for k, n in counted.items() if k != "on the path")
@@ -526,8 +529,8 @@ def spark_body(result: dict, rows: int, pairs: int, batches: int) -> str:
         "the serial non-atomic baseline:\n",
         bl.table(["figure", "measured", "goal", "status"], figures),
         "\nS3 requests per batch (mean; counted on the relays; the coordinator's include its "
-        "applied reports and any roll-forward; `(bg)`: version checksums and checkpoints, "
-        "written by a background thread off the batch's path):\n",
+        "applied reports and any roll-forward; `(bg)`: version checksums, written by a "
+        "background thread off the batch's path):\n",
         bl.table(["path", "requests of", *kinds, "on the path", "total"], request_rows),
         "\nWhere a batch's time goes (mean ms per batch, driver side; phases in several "
         "threads add up):\n",
