@@ -151,9 +151,16 @@ class ProtocolBatches:
 def grow_log(table: str, pipeline: str, upto: int, checkpoint_every: int) -> None:
     """Makes ``table`` (created by one real batch, version 0) reach version ``upto`` with one
     append per version, each a log entry as percolake's apply writes it (commitInfo, the app
-    transaction, one add of a small file); then the checkpoint of the newest multiple of
-    ``checkpoint_every`` (what a schedule of that interval leaves), if any."""
+    transaction, one add of a small file) and its version checksum; then the checkpoint of the
+    newest multiple of ``checkpoint_every`` (what a schedule of that interval leaves), if
+    any."""
     from percolake.lake.delta_commit import open_table
+    from percolake.lake.version_checksum import (
+        background_written,
+        checksum_uri,
+        next_checksum,
+        read_checksum,
+    )
 
     app_id = delta_app_id(pipeline, 0)
     start = open_table(table).version() + 1
@@ -174,8 +181,24 @@ def grow_log(table: str, pipeline: str, upto: int, checkpoint_every: int) -> Non
     def put(version: int) -> None:
         put_file(f"{table}/_delta_log/{version:020d}.json", entry(version))
 
+    # each version's checksum, derived from the one before as percolake's applies write them
+    # (without the chain, no later commit could write its own: its previous one missing)
+    checksums: list[tuple[int, bytes]] = []
+    background_written(60)  # the checksum of the version before (an object store's: later)
+    previous = read_checksum(table, start - 1)
+    for version in range(start, upto + 1):
+        actions = [json.loads(line) for line in entry(version).decode().splitlines()]
+        previous = next_checksum(previous, actions, f"grown-{version}") if previous else None
+        if previous is not None:
+            checksums.append((version, (json.dumps(previous, separators=(",", ":"))
+                                        + "\n").encode()))
+
+    def put_checksum(item: tuple[int, bytes]) -> None:
+        put_file(checksum_uri(table, item[0]), item[1])
+
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(put, range(start, upto + 1)))
+        list(pool.map(put_checksum, checksums))
     due = upto - upto % checkpoint_every
     if due > 0:
         open_table(table, due).create_checkpoint()

@@ -264,9 +264,20 @@ def table_life(work: Path, stores: list[str], levels: list[int], batches: int) -
     return rows
 
 
+def _checksum(request: tuple[str, str]) -> bool:
+    """A version checksum's request (``_delta_log/<v>.crc``: the previous one read, the new one
+    put): made by a background thread after each apply, off the batch's path."""
+    return request[1].split("?", 1)[0].endswith(".crc")
+
+
+def _on_path(requests: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [r for r in requests if not _checksum(r)]
+
+
 def _life_run(target: str, root: str, store: str, level: int, mode: str, batches: int,
               log_path: Path | None, checkpointer_class: type) -> dict:
     from percolake.lake.delta_commit import open_table
+    from percolake.lake.version_checksum import background_written
 
     run = f"life-{store}-{level}-{mode.replace(' ', '')}-{uuid.uuid4().hex[:6]}"
     tables = [f"{root}/{run}/t{k}" for k in range(3)]
@@ -286,12 +297,12 @@ def _life_run(target: str, root: str, store: str, level: int, mode: str, batches
     runner = lb.ProtocolBatches(target, pipeline, tables,
                                 deferred if mode == "every 10" else None)
     mark = (lambda: log_path.stat().st_size) if log_path else (lambda: 0)  # noqa: E731
-    times, requests, checkpoint_requests = [], [], []
+    times, requests, checkpoint_requests, checksum_requests = [], [], [], []
     profiles: list[list[dict[str, int]]] = []
     for k in range(batches + 1):  # the first one warms the participant's layout cache
         batch = runner.run(level + 1 + k, mark)
-        if log_path is not None:
-            phases = [bl.request_kinds(bl.moto_requests(log_path, run, a))
+        if log_path is not None:  # the version checksums are written meanwhile: left out
+            phases = [bl.request_kinds(_on_path(bl.moto_requests(log_path, run, a)))
                       for a in batch.marks[:-1]]
             # each phase's own: from its mark to the next (later phases subtracted)
             own = [{kind: n - phases[i + 1].get(kind, 0) for kind, n in phase.items()}
@@ -302,13 +313,16 @@ def _life_run(target: str, root: str, store: str, level: int, mode: str, batches
             checkpointer.applied(table, version)
         deferred.handed.clear()
         checkpointer.flush(600)
+        background_written(600)  # this batch's checksums: counted apart, below
         if k == 0:
             continue
         times.append(batch)
         if log_path is not None:
             requests.append(counted)
             profiles.append(own)
-            checkpoint_requests.append(len(bl.moto_requests(log_path, run, before)))
+            checkpoint_requests.append(len(_on_path(bl.moto_requests(log_path, run, before))))
+            checksum_requests.append(sum(map(_checksum, bl.moto_requests(log_path, run,
+                                                                         batch.marks[0]))))
     checkpointer.close()
     runner.close()
     median = statistics.median
@@ -324,6 +338,8 @@ def _life_run(target: str, root: str, store: str, level: int, mode: str, batches
             # a checkpoint is due every 10th batch: the mean per batch, not the median
             "checkpoint_requests": statistics.fmean(checkpoint_requests)
             if checkpoint_requests else "–",
+            # the version checksums of the batch's 3 commits (background thread)
+            "checksum_requests": median(checksum_requests) if checksum_requests else "–",
             # S3 requests of the last batch measured by phase and kind
             "profile": dict(zip(PHASES, profiles[-1], strict=True)) if profiles else {}}
 
@@ -409,11 +425,13 @@ def render_life(rows: list[dict]) -> str:
     table = bl.table(
         ["store", "Delta version", "checkpoints", "batch ms p50", "schema check", "open",
          "commit", "3 applies", "report (background)", "S3 requests/batch",
-         "checkpoint requests/batch (mean, background)", "build s"],
+         "checkpoint requests/batch (mean, background)",
+         "checksum requests/batch (background)", "build s"],
         [[r["store"], f"{r['level']:,}", r["mode"], r["batch_ms"], r["schema_check_ms"],
           r["open_ms"], r["commit_ms"], r["apply_ms"], r["report_ms"],
           r["requests"] if r["store"] != "local" else "–",
-          r["checkpoint_requests"] if r["store"] != "local" else "–", r["build_s"]]
+          r["checkpoint_requests"] if r["store"] != "local" else "–",
+          r.get("checksum_requests", "–") if r["store"] != "local" else "–", r["build_s"]]
          for r in rows])
     profiled = [r for r in rows if r.get("profile")]
     if profiled:
@@ -425,8 +443,10 @@ def render_life(rows: list[dict]) -> str:
     return ("A table's life: one real percolake batch of 3 tables (schema check, Open, Commit "
             "with the daemon's write check, 3 Delta commits side by side; ReportApplied timed "
             "apart, as the participant sends it in the background) at each Delta version; "
-            "median ms; S3 requests of the batch and of the checkpoints written after it "
-            "(moto's access log; ReportApplied's own reads included in the batch's):\n\n"
+            "median ms; S3 requests of the batch (its path: ReportApplied's own reads "
+            "included, the version checksums not), of the checkpoints written after it and of "
+            "the version checksums of its 3 commits (both by background threads, off the "
+            "batch's path; moto's access log):\n\n"
             + table + "\n")
 
 

@@ -56,13 +56,30 @@ GOAL_RATIO = 1.00
 PATHS = ("percolake", "baseline")
 
 
-def kinds_of(requests: list[Request]) -> dict[str, int]:
+def off_path(request: Request) -> bool:
+    """A request the driver makes off the batch's path, in a background thread after each
+    Delta commit: a version checksum's (``_delta_log/<v>.crc``: the previous one read, the
+    new one put). (Checkpoints are written in the background too, but delta-rs reads
+    checkpoints and ``_last_checkpoint`` when it loads a table, on the path: not told apart.)"""
+    path = request.target.split("?", 1)[0]
+    return "/_delta_log/" in path and path.endswith(".crc")
+
+
+def kinds_of(requests: list[Request], driver: bool = True) -> dict[str, int]:
+    """Requests by kind; the ``driver``'s off the batch's path (``off_path``) as
+    ``<kind> (bg)`` (the coordinator writes no checksum: whatever it reads is on its path)."""
     counted: dict[str, int] = {}
     for request in requests:
         kind = "multipart" if "uploadId=" in request.target or "?uploads" in request.target \
             else request.kind
+        if driver and off_path(request):
+            kind += " (bg)"
         counted[kind] = counted.get(kind, 0) + 1
     return counted
+
+
+def on_path(requests: list[Request]) -> list[Request]:
+    return [r for r in requests if not off_path(r)]
 
 
 def within(requests: list[Request], start: float, end: float) -> list[Request]:
@@ -102,14 +119,24 @@ def schema_check(checker, tables: list[str], schema_json: str, batch: int) -> No
             checker.check(table, schema_json, [], "append", batch)
 
 
+REPORT_MODES = ("carried", "background", "sent")
+
+
 def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN001
                      spark_relay: LatencyRelay, count: int,
-                     carry_reports: bool = True) -> list[dict]:
+                     reports: str = "carried") -> list[dict]:
     """The coordinator's share without Spark: ``count`` batches of 3 tables driven as the
-    participant drives them (Open carrying the previous batch's applied report, the files
-    written with Arrow, Commit with the write intents, each table's Delta commit with delta-rs,
-    the tables side by side), after 2 unmeasured batches (tables created, layouts cached). Per
-    batch: the Open and Commit ms, and the daemon's store requests and round trips in them."""
+    participant drives them (Open, the files written with Arrow, Commit with the write
+    intents, each table's Delta commit with delta-rs on the tables kept from the previous
+    batch, the tables side by side), after 2 unmeasured batches (tables created, layouts
+    cached). The previous batch's applied report: ``carried`` by the next Open (the worst
+    case: always verified on the batch's path), sent in the ``background`` right after the
+    Delta commits and carried by the next Open only if not confirmed by then (the
+    participant's ``DeferredReports``), or ``sent`` with ReportApplied between the batches.
+    Per batch: each phase's ms, the requests of each phase on its side's relay (the
+    coordinator's in Open and Commit, the driver's in the schema check and the applies;
+    version checksums and checkpoints, written in the background, counted apart) and the
+    round trips."""
     import json
 
     import pyarrow as pa
@@ -119,12 +146,17 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
     from percolake import codec
     from percolake.lake import storage
     from percolake.lake.delta_commit import apply_table_write
+    from percolake.lake.table_cache import TableCache
     from percolake.records import AddFileRecord, TableWriteRecord, WriteMode, delta_app_id
     from percolake.v1 import coordinator_pb2 as pb
     from percolake.v1 import coordinator_pb2_grpc as pb_grpc
+    from sparkside.client import CoordinatorClient
+    from sparkside.deferred_reports import DeferredReports
 
     channel = daemon.channel()
     stub = pb_grpc.CoordinatorStub(channel)
+    client = CoordinatorClient(daemon.target)
+    deferred = DeferredReports(client)
     pipeline = f"protocol-{uuid.uuid4().hex[:8]}"
     tables = [f"{root}/{pipeline}/{name}" for name in bo.TABLES]
     schema_json = Schema.from_arrow(pa.schema([("id", pa.int64())])).to_json()
@@ -133,6 +165,7 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
     from sparkside.schema_check import SchemaChecker
 
     checker = SchemaChecker()
+    kept = TableCache().tables  # as the participant keeps its tables between batches
 
     def write_file(location: str) -> pb.TableWrite:
         table, _, attempt = location.rpartition("/_percolake/")
@@ -149,15 +182,21 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
     def apply(item: tuple) -> int:  # one table's Delta commit, as the participant makes it
         write, (app_id, app_version, txn_id, commit_ts) = item
         return apply_table_write(codec.table_write_from_pb(write), app_id=app_id,
-                                 app_version=app_version, txn_id=txn_id, commit_ts=commit_ts)
+                                 app_version=app_version, txn_id=txn_id, commit_ts=commit_ts,
+                                 tables=kept)
 
     try:
         for batch in range(count + 2):
+            if reports == "background":
+                carried = deferred.unconfirmed()
+            carried_now = len(carried)
             t0 = time.monotonic()
             opened = stub.OpenTransaction(pb.OpenTransactionRequest(
                 pipeline_id=pipeline, batch_id=batch, tables=tables,
                 applied_reports=carried), timeout=60)
             t1 = time.monotonic()
+            if reports == "background":
+                deferred.confirm(carried)
             schema_check(checker, tables, schema_json, batch)
             t1s = time.monotonic()
             locations = [p.write_location for p in opened.transaction.participants]
@@ -170,28 +209,49 @@ def protocol_batches(daemon, root: str, daemon_relay: LatencyRelay,  # noqa: ANN
             app = (delta_app_id(pipeline, committed.generation), batch, committed.txn_id,
                    committed.commit_ts)
             versions = side_by_side(apply, [(w, app) for w in writes])
+            t4 = time.monotonic()
             applied = [pb.AppliedTable(table=w.table, delta_version=v)
                        for w, v in zip(writes, versions, strict=True)]
-            if carry_reports:  # the next Open verifies them, on the batch's path
+            if reports == "carried":  # the next Open verifies them, on the batch's path
                 carried = [pb.AppliedReport(txn_id=committed.txn_id, tables=applied)]
-            else:  # as the participant's background report, between the batches
+            elif reports == "background":  # sent now; carried next if not confirmed by then
+                deferred.submit(committed.txn_id, None, applied)
+            else:  # landed before the next batch
                 stub.ReportApplied(pb.ReportAppliedRequest(txn_id=committed.txn_id,
                                                            tables=applied), timeout=60)
             if batch < 2:
                 continue
-            requests = [r for r in daemon_relay.requests()
-                        if t0 <= r.started < t1 or t2 <= r.started < t3]
-            checked = within(spark_relay.requests(), t1, t1s)
-            measured.append({"open_ms": (t1 - t0) * 1e3, "commit_ms": (t3 - t2) * 1e3,
-                             "schema_check_ms": (t1s - t1) * 1e3,
-                             "schema_check_requests": kinds_of(checked),
-                             "schema_check_round_trips": round_trips(checked),
-                             "requests": kinds_of(requests),
-                             "round_trips": round_trips([r for r in requests
-                                                         if r.started < t1])
-                             + round_trips([r for r in requests if r.started >= t2])})
+            daemon_side = daemon_relay.requests()
+            spark_side = spark_relay.requests()
+            opening = within(daemon_side, t0, t1)
+            committing = within(daemon_side, t2, t3)
+            checked = on_path(within(spark_side, t1, t1s))
+            applying = on_path(within(spark_side, t3, t4))
+            measured.append({
+                "open_ms": (t1 - t0) * 1e3, "commit_ms": (t3 - t2) * 1e3,
+                "apply_ms": (t4 - t3) * 1e3, "schema_check_ms": (t1s - t1) * 1e3,
+                "carried_reports": carried_now,
+                "schema_check_requests": kinds_of(checked),
+                "schema_check_round_trips": round_trips(checked),
+                "requests": kinds_of(opening + committing, driver=False),
+                "open_requests": kinds_of(opening, driver=False),
+                "commit_requests": kinds_of(committing, driver=False),
+                "open_round_trips": round_trips(opening),
+                "commit_round_trips": round_trips(committing),
+                "round_trips": round_trips(opening) + round_trips(committing),
+                "apply_requests": kinds_of(applying),
+                "apply_round_trips": round_trips(applying)})
     finally:
+        deferred.close()
+        client.close()
         channel.close()
+    # each batch's version checksums (written in the background after its applies, off its
+    # path): counted by key over the measured batches, per batch
+    checksums = [r for r in spark_relay.requests() if off_path(r) and "/" + pipeline + "/"
+                 in r.target]
+    for batch in measured:
+        batch["background_requests"] = {k: n / (count + 2)
+                                        for k, n in kinds_of(checksums).items()}
     return measured
 
 
@@ -203,10 +263,12 @@ def main() -> int:
     parser.add_argument("--batches", type=int, help="measured batches per run (default 10)")
     parser.add_argument("--protocol-batches", type=int,
                         help="measured batches of the protocol without Spark (default 30)")
-    parser.add_argument("--reports", choices=("carried", "sent"), default="carried",
+    parser.add_argument("--reports", choices=REPORT_MODES, default="carried",
                         help="without Spark: each batch's applied report carried by the next "
-                             "Open (the default, the worst case) or sent with ReportApplied "
-                             "between the batches (as the participant's background report)")
+                             "Open (the default, the worst case), sent in the background "
+                             "right after the Delta commits and carried only if not confirmed "
+                             "by the next Open (what the participant does), or sent with "
+                             "ReportApplied between the batches (landed before the next one)")
     parser.add_argument("--no-spark", action="store_true",
                         help="the coordinator's share without Spark only (no lock needed)")
     parser.add_argument("--rows", type=int, default=10_000, help="rows per batch")
@@ -249,7 +311,7 @@ def main() -> int:
                                extra_args=["--log-level", "warning"])
         daemon.start()
         protocol = protocol_batches(daemon, root, daemon_relay, spark_relay, protocol_count,
-                                    args.reports == "carried")
+                                    args.reports)
         print(f"protocol without Spark: {protocol_count} batches, coordinator "
               f"{statistics.median(b['open_ms'] + b['commit_ms'] for b in protocol):.0f} ms p50",
               flush=True)
@@ -317,7 +379,11 @@ def report(args: argparse.Namespace, protocol: list[dict], runs: dict[str, list[
     """The JSON result and the printed tables."""
     shares = [b["open_ms"] + b["commit_ms"] for b in protocol]
     protocol_trips = [b["round_trips"] for b in protocol]
-    protocol_kinds = sorted({k for b in protocol for k in b["requests"]})
+
+    def mean_kinds(key: str) -> dict[str, float]:
+        kinds = sorted({k for b in protocol for k in b[key]})
+        return {k: statistics.fmean(b[key].get(k, 0) for b in protocol) for k in kinds}
+
     result: dict = {
         "server": args.server, "reports": args.reports, "latency_ms": args.latency_ms,
         "jitter_ms": args.jitter_ms, "seconds_total": elapsed,
@@ -325,19 +391,24 @@ def report(args: argparse.Namespace, protocol: list[dict], runs: dict[str, list[
                      "coordinator_ms_p99": bl.pct(shares, 99),
                      "open_ms_p50": bl.pct([b["open_ms"] for b in protocol], 50),
                      "commit_ms_p50": bl.pct([b["commit_ms"] for b in protocol], 50),
+                     "apply_ms_p50": bl.pct([b["apply_ms"] for b in protocol], 50),
                      "round_trips_p50": statistics.median(protocol_trips),
                      "round_trips_max": max(protocol_trips),
-                     "requests_per_batch": {k: statistics.fmean(b["requests"].get(k, 0)
-                                                                for b in protocol)
-                                            for k in protocol_kinds},
+                     "opens_carrying_a_report": sum(b["carried_reports"] > 0 for b in protocol),
+                     "requests_per_batch": mean_kinds("requests"),
+                     "phases": {
+                         phase: {"round_trips_p50": statistics.median(
+                                     b[f"{key}_round_trips"] for b in protocol),
+                                 "requests": mean_kinds(f"{key}_requests")}
+                         for phase, key in (("Open (coordinator)", "open"),
+                                            ("Commit (coordinator)", "commit"),
+                                            ("schema check (driver)", "schema_check"),
+                                            ("3 Delta commits (driver)", "apply"))},
+                     "background_requests": mean_kinds("background_requests"),
                      "schema_check_ms_p50": bl.pct([b["schema_check_ms"] for b in protocol], 50),
                      "schema_check_round_trips_p50": statistics.median(
                          b["schema_check_round_trips"] for b in protocol),
-                     "schema_check_requests": {
-                         k: statistics.fmean(b["schema_check_requests"].get(k, 0)
-                                             for b in protocol)
-                         for k in sorted({k for b in protocol
-                                          for k in b["schema_check_requests"]})}}}
+                     "schema_check_requests": mean_kinds("schema_check_requests")}}
     proto = result["protocol"]
     figures = [
         ["coordinator's share (Open + Commit): store round trips per batch, p50 (max)",
@@ -356,17 +427,35 @@ def report(args: argparse.Namespace, protocol: list[dict], runs: dict[str, list[
          ""],
         ["its S3 requests, per batch",
          ", ".join(f"{k} {v:.1f}" for k, v in proto["schema_check_requests"].items()), "", ""],
+        ["Opens that carried a report (of the batches measured)",
+         f"{proto['opens_carrying_a_report']} of {proto['batches']}", "", ""],
+        ["the 3 Delta commits (driver): round trips p50, ms p50",
+         f"{proto['phases']['3 Delta commits (driver)']['round_trips_p50']:g}, "
+         f"{proto['apply_ms_p50']:.1f}", "", ""],
     ]
+    phase_rows = [[phase, f"{figures_['round_trips_p50']:g}",
+                   ", ".join(f"{k} {v:.1f}" for k, v in figures_["requests"].items()) or "0"]
+                  for phase, figures_ in proto["phases"].items()]
+    phase_rows.append(["off the path: version checksums (background thread)", "–",
+                       ", ".join(f"{k} {v:.1f}" for k, v in
+                                 proto["background_requests"].items()) or "0"])
+    carried_text = {"carried": "carrying the previous batch's applied report",
+                    "background": "carrying the previous batch's applied report only if its "
+                                  "background ReportApplied, sent right after the Delta "
+                                  "commits, was not confirmed by then",
+                    "sent": "after the previous batch's ReportApplied"}[args.reports]
     parts = [
         f"S3 on {args.server} (127.0.0.1) behind latency relays: {args.latency_ms:g} ms per "
         "request, "
         f"jitter mean {args.jitter_ms:g} ms. The coordinator's share without Spark: "
         f"{len(protocol)} batches of 3 tables driven as the participant drives them (Open "
-        + ("carrying the previous batch's applied report" if args.reports == "carried" else
-           "after the previous batch's ReportApplied")
+        + carried_text
         + ", files written with Arrow, Commit with the intents, Delta commits with delta-rs), "
         "after 2 unmeasured ones:\n",
-        bl.table(["figure", "measured", "goal", "status"], figures)]
+        bl.table(["figure", "measured", "goal", "status"], figures),
+        "\nRequests per batch by phase (mean; each side's relay; `(bg)`: off the batch's "
+        "path):\n",
+        bl.table(["phase", "round trips p50", "requests"], phase_rows)]
     if runs is not None:
         result.update(spark_figures(runs, spark_requests, daemon_requests, args.rows, pairs,
                                     batches))
@@ -388,9 +477,11 @@ def spark_figures(runs: dict[str, list[dict]], spark_requests: list[Request],
         for side, requests in (("Spark side", spark_requests), ("coordinator", daemon_requests)):
             counted: dict[str, float] = {}
             for r in runs[path]:
-                for kind, n in kinds_of(within(requests, *r["window"])).items():
+                for kind, n in kinds_of(within(requests, *r["window"]),
+                                        driver=side == "Spark side").items():
                     counted[kind] = counted.get(kind, 0) + n / len(r["times"]) / len(runs[path])
-            counted["total"] = sum(counted.values())
+            counted["on the path"] = sum(n for k, n in counted.items() if not k.endswith("(bg)"))
+            counted["total"] = sum(n for k, n in counted.items() if k != "on the path")
             per_batch.setdefault(path, {})[side] = counted
     medians = {p: statistics.median(t for r in runs[p] for t in r["times"]) for p in PATHS}
     phases = {p: {k: statistics.fmean(r["phases"].get(k, 0.0) for r in runs[p]) * 1e3
@@ -424,8 +515,9 @@ def spark_body(result: dict, rows: int, pairs: int, batches: int) -> str:
     ]
     per_batch, phases = result["requests_per_batch"], result["phases_ms"]
     kinds = sorted({k for sides in per_batch.values() for c in sides.values() for k in c}
-                   - {"total"})
-    request_rows = [[path, side, *(f"{c.get(k, 0):.1f}" for k in (*kinds, "total"))]
+                   - {"total", "on the path"})
+    request_rows = [[path, side, *(f"{c.get(k, 0):.1f}"
+                                   for k in (*kinds, "on the path", "total"))]
                     for path, sides in per_batch.items() for side, c in sides.items()]
     phase_rows = [[name, *(f"{phases[p].get(name, float('nan')):.1f}" for p in PATHS)]
                   for name in sorted({n for p in PATHS for n in phases[p]})]
@@ -437,8 +529,9 @@ def spark_body(result: dict, rows: int, pairs: int, batches: int) -> str:
         "the serial non-atomic baseline:\n",
         bl.table(["figure", "measured", "goal", "status"], figures),
         "\nS3 requests per batch (mean; counted on the relays; the coordinator's include its "
-        "applied reports and any roll-forward):\n",
-        bl.table(["path", "requests of", *kinds, "total"], request_rows),
+        "applied reports and any roll-forward; `(bg)`: version checksums, written by a "
+        "background thread off the batch's path):\n",
+        bl.table(["path", "requests of", *kinds, "on the path", "total"], request_rows),
         "\nWhere a batch's time goes (mean ms per batch, driver side; phases in several "
         "threads add up):\n",
         bl.table(["phase", "percolake", "serial baseline"], phase_rows),

@@ -21,7 +21,9 @@ import pytest
 from deltalake import Schema
 
 from percolake.lake import storage
-from percolake.lake.delta_commit import apply_table_write
+from percolake.lake.delta_commit import apply_table_write, open_table
+from percolake.lake.table_cache import DeltaTables, TableCache
+from percolake.lake.version_checksum import background_written
 from percolake.records import TableWriteRecord, WriteMode
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside.schema_check import SchemaChecker
@@ -206,6 +208,7 @@ def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s
                 table, WriteMode.APPEND, (upload(table, f"t{batch}", [batch]),),
                 Schema.from_arrow(SCHEMA).to_json(), ("p",)), app_id="a", app_version=batch,
                 txn_id=f"t{batch}", commit_ts=batch + 1)
+        background_written()  # the version checksums, straight to moto too
 
     checker = SchemaChecker()
     commit_all(0)
@@ -222,6 +225,46 @@ def test_the_participant_reads_a_batchs_layouts_once_side_by_side(moto_server, s
     assert [r.kind for r in read] == ["GET"] * 9 and round_trips(read) == 1, summary(read)
     assert [layouts.get(t).version for t in tables] == [1, 1, 1]
     assert len(relay.requests()) == 9  # read once per batch: asked again, nothing is read
+
+
+def test_an_apply_puts_its_entry_and_never_reads_it_back(moto_server, s3_env, s3_bucket, relay,
+                                                        monkeypatch):
+    """A table's Delta commit as the participant makes it in the steady state (the table kept
+    from the previous batch): the kept version's entry and the next one at once (is the log
+    still the same, anything new?), then the put-if-absent of its own entry, and nothing more
+    on the batch's path: the version is the put's, its entry not read back, so the batch's
+    applied report can go at once. A commit made meanwhile by someone else is still seen."""
+    table = f"s3://{s3_bucket}/wh/kept"
+    kept = TableCache().tables
+    schema = Schema.from_arrow(SCHEMA).to_json()
+    writes = {batch: TableWriteRecord(table, WriteMode.APPEND,
+                                      (upload(table, f"t{batch}", [batch]),), schema, ("p",))
+              for batch in range(5)}
+
+    def apply(batch: int, tables: DeltaTables | None = kept, app: str = "a") -> int:
+        return apply_table_write(writes[batch], app_id=app, app_version=batch,
+                                 txn_id=f"t{batch}", commit_ts=batch + 1, tables=tables)
+
+    assert [apply(0), apply(1)] == [0, 1]  # straight to moto: created, then kept
+    background_written()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    relay.reset()
+    assert apply(2) == 2
+    background_written()  # the version checksum: off the batch's path, counted apart
+    on_path = [r for r in relay.requests() if not r.target.endswith(".crc")]
+    assert entry_gets(on_path, table) == [1, 2], summary(on_path)  # 2: not there yet
+    assert [r.kind for r in on_path if r.kind != "GET"] == ["PUT"], summary(on_path)
+    assert len(on_path) == 3 and round_trips(on_path) == 2, summary(on_path)
+    assert apply(3, tables=None, app="outside") == 3  # another writer's commit
+    background_written()
+    relay.reset()
+    assert apply(4) == 4
+    background_written()
+    on_path = [r for r in relay.requests() if not r.target.endswith(".crc")]
+    assert entry_gets(on_path, table) == [2, 3, 4], summary(on_path)
+    table_now = open_table(table)
+    assert table_now.transaction_version("a") == 4
+    assert table_now.transaction_version("outside") == 3
 
 
 def test_the_relay_delays_and_counts_each_request_of_every_client(moto_server, s3_env,

@@ -47,11 +47,13 @@ from percolake.lake import in_commit_timestamps, storage
 from percolake.lake.checkpoints import last_checkpoint_version
 from percolake.lake.deletion_vector_files import stored_descriptor
 from percolake.lake.deletion_vectors import deletion_vectors
+from percolake.lake.kept_table import KeptTable
 from percolake.lake.log_entry import (
     add_action,
     app_transaction_action,
     change_action,
     commit_info,
+    entry_bytes,
     metadata_action,
     now_ms,
     operation_commit_info,
@@ -276,8 +278,10 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                                                     _evolved_configuration(
                                                         table.metadata().configuration,
                                                         evolved)))
-                if _put_own_entry(table, write.table, entry, "row-level-entry", app_version):
-                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                version = _put_own_entry(table, write.table, entry, "row-level-entry",
+                                         app_version)
+                if version is not None:
+                    return version
                 _lost_race_pause(write.table, txn_id, attempt)
                 continue
             # an append is ours on every table: delta-rs's commit rebuilds every file's state
@@ -289,8 +293,9 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                     raise _apply_refused(write.table, txn_id, "a merge_schema overwrite of a "
                                          "table with deletion vectors")
                 entry = _entry_actions(write, actions, table, evolved, properties, layout)
-                if _put_own_entry(table, write.table, entry, "log-entry", app_version):
-                    return _version_of(table, txn_id, app_id, app_version, write.table)
+                version = _put_own_entry(table, write.table, entry, "log-entry", app_version)
+                if version is not None:
+                    return version
                 _lost_race_pause(write.table, txn_id, attempt)
                 continue
             table.create_write_transaction(
@@ -319,10 +324,15 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
 
 
 def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: str,
-                   batch: int) -> bool:
+                   batch: int) -> int | None:
     """Puts ``entry`` (a log entry of ours) as the table's next version, between the
-    failpoints ``before-<point>`` and ``after-<point>``; False if another writer took it. On a
-    table with in-commit timestamps, its commitInfo goes first and carries one."""
+    failpoints ``before-<point>`` and ``after-<point>``; returns that version, None if another
+    writer took it. On a table with in-commit timestamps, its commitInfo goes first and
+    carries one.
+
+    The put is put-if-absent, so the version holds exactly this entry: nothing is read back
+    to find it (no GET of it on an object store; a kept table moves on by it unread), and the
+    batch's applied report can go as soon as its tables' puts are done."""
     fail_point(f"before-{point}", batch)
     version = table.version() + 1
     if in_commit_timestamps.required(table.protocol().writer_features,
@@ -330,11 +340,12 @@ def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: 
         entry = in_commit_timestamps.stamped(
             entry, in_commit_timestamps.previous_timestamp(table_uri, version - 1), now_ms())
     if not put_entry(table_uri, version, entry):
-        return False
+        return None
     fail_point(f"after-{point}", batch)
     record_checksum(table_uri, version, entry, entry[0]["commitInfo"].get(TXN_ID_KEY))
-    table.update_incremental()
-    return True
+    if isinstance(table, KeptTable):  # a table of no cache is dropped by the caller
+        table.advance_own(version, entry_bytes(entry))
+    return version
 
 
 

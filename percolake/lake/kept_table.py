@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 if TYPE_CHECKING:
-    from percolake.lake.table_cache import LogEntries
+    from percolake.lake.table_cache import FileId, LogEntries, LogEntry
 
 MAX_REPLAY = 100  # entries behind beyond which delta-rs loads the table anew
 
@@ -40,6 +40,7 @@ class KeptTable:
         self._entries = entries
         self._version = delta.version()
         self._apps: dict[str, int] = {}  # app transactions of the entries after delta's version
+        self._own: tuple[int, FileId] | None = None  # (version, identity) of an entry we put
 
     def version(self) -> int:
         return self._version
@@ -50,10 +51,12 @@ class KeptTable:
             return self._apps[app_id]
         return self._delta.transaction_version(app_id)
 
-    def update_incremental(self) -> None:
-        """Reads the log entries after the version held, up to the first one missing."""
+    def update_incremental(self, next_entry: LogEntry | None = None) -> None:
+        """Reads the log entries after the version held, up to the first one missing
+        (``next_entry``: the one after the version held, already read)."""
         while True:
-            entry = self._entries.entry(self.table, self._version + 1)
+            entry = next_entry or self._entries.entry(self.table, self._version + 1)
+            next_entry = None
             if entry is None:
                 return
             if entry.changes_layout or not entry.readable:
@@ -62,6 +65,26 @@ class KeptTable:
             for app_id, version in sorted(entry.app_transactions, key=lambda a: a[1]):
                 self._apps[app_id] = version
             self._version += 1
+
+    def advance_own(self, version: int, content: bytes) -> None:
+        """Moves to ``version``, whose log entry (``content``) this process has just put
+        after the version held: on an object store it is not read back (put-if-absent: the
+        store holds exactly these bytes there), nor is the next one looked for (the next
+        ``update_incremental`` reads on from it). Locally, or for an entry that changes the
+        layout, as ``update_incremental``."""
+        entry = self._entries.written(self.table, version, content)
+        if entry is None or version != self._version + 1 or entry.changes_layout \
+                or not entry.readable:
+            self.update_incremental()
+            return
+        for app_id, app_version in sorted(entry.app_transactions, key=lambda a: a[1]):
+            self._apps[app_id] = app_version
+        self._version = version
+        self._own = (version, entry.file_id)
+
+    def own_entry_id(self, version: int) -> FileId | None:
+        """The identity of the entry at ``version`` if this process put it (else None)."""
+        return self._own[1] if self._own is not None and self._own[0] == version else None
 
     def caught_up(self) -> DeltaTable:
         """The delta-rs table with the state of every file, at the newest version. Far behind

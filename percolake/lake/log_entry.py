@@ -114,9 +114,14 @@ def operation_commit_info(operation: str, parameters: Mapping[str, object],
                            "engineInfo": ENGINE, **tags}}
 
 
+def entry_bytes(actions: list[dict[str, Any]]) -> bytes:
+    """A log entry as ``put_entry`` stores it: one compact JSON object per line."""
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+
+
 def put_entry(table_uri: str, version: int, actions: list[dict[str, Any]]) -> bool:
     """Writes the log entry of ``version`` unless one exists; False if one does."""
-    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    text = entry_bytes(actions)
     if is_object_store(table_uri):
         return storage.put_object_if_absent(
             f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json", text)

@@ -194,6 +194,14 @@ class LogEntries:
             return cached
         return self._put(key, summarise(file_id, content))
 
+    def written(self, table: str, version: int, content: bytes) -> LogEntry | None:
+        """The summary of an object-store entry this process has just put (put-if-absent:
+        ``content`` is what the store holds at ``version``), kept as if read: never read
+        back. None for a local table, whose entries are known by their file's identity."""
+        if not is_object_store(table):
+            return None
+        return self._summarised((table, version), content)
+
     def file_id(self, table: str, version: int) -> FileId | None:
         """The identity of the entry's file now (one stat, or one GET), None if none."""
         found = self.entry(table, version)
@@ -257,7 +265,7 @@ class DeltaTables:
         version it holds."""
         try:
             version = kept.version()
-            file_id = self.entries.file_id(table, version)
+            file_id = kept.own_entry_id(version) or self.entries.file_id(table, version)
         except (DeltaError, OSError):
             return
         if file_id is None:
@@ -271,9 +279,14 @@ class DeltaTables:
     def _advanced(self, table: str, kept: tuple[KeptTable, int, FileId]) -> KeptTable | None:
         held, version, file_id = kept
         try:
-            if self.entries.file_id(table, version) != file_id:
+            if is_object_store(table):  # the held entry and the next at once: one round trip
+                base, after = self.entries.entries(table, [version, version + 1])
+            else:
+                base, after = self.entries.entry(table, version), None
+            if base is None or base.file_id != file_id:
                 return None  # the log was replaced under it: load it again
-            held.update_incremental()
+            if after is not None or not is_object_store(table):
+                held.update_incremental(after)
         except (DeltaError, OSError):
             return None
         self.advances += 1
