@@ -5,6 +5,8 @@
   stopped (SIGTERM) after the test. ``daemon.warehouse`` is the root to build table paths under,
   ``daemon.target`` its address, ``daemon.stub`` a ready ``CoordinatorStub``.
 - ``coordinator_stub``: the ``CoordinatorStub`` of ``daemon``.
+- ``core``: a coordinator core in the test's process (no daemon) over ``warehouse``, applying
+  to real Delta tables (``tests/lake_support.make_core``).
 - ``make_stub``: ``make_stub(target)`` makes a ``CoordinatorStub``; channels close after the test.
 - ``daemon_factory`` (session): ``daemon_factory.start(extra_args=[...])`` for module-scoped
   daemons with their own flags; stop them with ``.stop()`` (anything left is stopped at the end).
@@ -193,6 +195,18 @@ def warehouse(tmp_path: Path) -> Path:
     root = tmp_path / "warehouse"
     root.mkdir()
     return root
+
+
+@pytest.fixture
+def core(warehouse: Path, tmp_path: Path) -> Iterator:
+    """A coordinator core in this process over ``warehouse`` (``tests/lake_support.make_core``:
+    its store in ``tmp_path / "data"``, applying to real Delta tables), closed after the test."""
+    from tests.lake_support import make_core
+
+    made = make_core(warehouse, tmp_path / "data")
+    yield made
+    made.close()
+    made.store.close()
 
 
 @pytest.fixture
