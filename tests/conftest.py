@@ -5,6 +5,8 @@
   stopped (SIGTERM) after the test. ``daemon.warehouse`` is the root to build table paths under,
   ``daemon.target`` its address, ``daemon.stub`` a ready ``CoordinatorStub``.
 - ``coordinator_stub``: the ``CoordinatorStub`` of ``daemon``.
+- ``core``: a coordinator core in the test's process (no daemon) over ``warehouse``, applying
+  to real Delta tables (``tests/lake_support.make_core``).
 - ``make_stub``: ``make_stub(target)`` makes a ``CoordinatorStub``; channels close after the test.
 - ``daemon_factory`` (session): ``daemon_factory.start(extra_args=[...])`` for module-scoped
   daemons with their own flags; stop them with ``.stop()`` (anything left is stopped at the end).
@@ -42,17 +44,17 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 # Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker, one
 # test after another. Spark runs in three lanes: two of tests sharing a local SparkSession (one
-# session per worker; the modules split between them by their time in a CI run), and the tests
-# that run Spark drivers as child processes or use the standalone cluster (each driver a JVM:
-# more of them at once only fight over the cores). The tests of a module that use a
+# session per worker; the modules split between them by their CPU and wall times measured one
+# test at a time: about 315 CPU-seconds each), and the tests that run Spark drivers as child
+# processes or use the standalone cluster (each driver a JVM: more of them at once only fight
+# over the cores). The tests of a module that use a
 # module-scoped fixture (a daemon) share a worker too; every other test goes to whichever
 # worker is free.
 SPARK_SESSION_GROUP = "spark-session"
 SECOND_SPARK_SESSION_GROUP = "spark-session-2"
 SECOND_SPARK_SESSION_MODULES = frozenset({
     "test_row_level", "test_checkpoint_reads", "test_merge_schema_evolution",
-    "test_concurrent_writes", "test_table_rules", "test_row_level_cdf", "test_nested_fields",
-    "test_writer"})
+    "test_table_rules", "test_nested_fields", "test_writer"})
 S3_STORES_GROUP = "s3-stores"
 SPARK_DRIVERS_GROUP = "spark-drivers"
 _SHARED_SCOPES = ("module", "class", "package")
@@ -193,6 +195,18 @@ def warehouse(tmp_path: Path) -> Path:
     root = tmp_path / "warehouse"
     root.mkdir()
     return root
+
+
+@pytest.fixture
+def core(warehouse: Path, tmp_path: Path) -> Iterator:
+    """A coordinator core in this process over ``warehouse`` (``tests/lake_support.make_core``:
+    its store in ``tmp_path / "data"``, applying to real Delta tables), closed after the test."""
+    from tests.lake_support import make_core
+
+    made = make_core(warehouse, tmp_path / "data")
+    yield made
+    made.close()
+    made.store.close()
 
 
 @pytest.fixture

@@ -113,56 +113,54 @@ def _committed_before_replay(outcome: scenarios.Outcome) -> dict[str, bool]:
     return {c["point"]: c["committed_before_replay"] for c in outcome.notes["crashes"]}
 
 
-@spark_test
-def test_driver_dies_before_the_commit_point_c1_c2_c3_the_attempt_is_aborted_and_rewritten(
-        tmp_path):
-    """One driver after another dies before the commit point: C1 after Open, C2 as the first of
-    batch 1's three concurrent table writes has its files (the other two submitted beside it),
-    C2 after the second table's files, C3 after every table's files, each in its own batch. No
-    attempt committed; it is aborted, its files deleted (I3), and the next driver runs the
-    user's function for the batch again. Every batch is in every table exactly once (I2),
-    readers never saw a partial batch (I1)."""
-    outcome = scenarios.driver_crash_chain(tmp_path, ["C1", "C2-first", "C2", "C3"])
-    _assert_clean(outcome)
-    assert _committed_before_replay(outcome) == {
-        "C1": False, "C2-first": False, "C2": False, "C3": False}, outcome.notes
-    for crash in outcome.notes["crashes"]:
-        assert not {"COMMITTED", "APPLIED"} & set(crash["states_after_crash"]), crash
-        assert crash["batch"] in crash["next_run_user_fn"], crash
-    assert outcome.report.aborted >= 4, outcome.summary()
+AFTER_THE_COMMIT_POINT = ["C6", "C7", "C8", "C8r"]
 
 
 @spark_test
-def test_driver_dies_after_the_commit_point_c6_c7_c8_c8r_the_batch_is_finished_not_rerun(
-        tmp_path):
-    """One driver after another dies after the commit point: C6 after the commit reply, C7
-    after one secondary, C8 after all of them, C8r after every table's Delta commit but before
-    the applied report is handed to the background sender, each in its own batch. The batch is
-    applied to every table (I4) and the next driver does not run the user's function for it
-    again (I2). C8r's transaction is committed with every table done; the replay is answered
-    already committed, the report comes by the replay or the coordinator's roll-forward, and it
-    ends APPLIED. Every batch is in every table exactly once (I2), readers never saw a partial
-    batch (I1).
+def test_driver_dies_before_the_commit_point_c1_c2_c3_then_after_it_c6_c7_c8_c8r(tmp_path):
+    """One driver after another dies at each driver crash point, each next driver replaying the
+    batch its predecessor died in: one chain, one coordinator, reader and checker for all.
 
-    It is also issue 32's acceptance run: each driver is SIGKILLed, and every batch, besides
-    the bank tables, MERGEs each account's net change into a balances table keyed by account
-    and inserts then deletes on a fourth table, through ``txn.delta_table``, both tables made
-    by delta-spark (CREATE TABLE ... USING DELTA) before the stream. Every snapshot read shows
+    Before the commit point, in batch 0: C1 after Open, C2 as the first of the batch's three
+    concurrent table writes has its files (the other two submitted beside it), C2 after the
+    second table's files, C3 after every table's files. No attempt committed; each is aborted,
+    its files deleted (I3), and the next driver runs the user's function for the batch again.
+
+    After the commit point, each SIGKILLed in a batch of its own (1 to 4): C6 after the commit
+    reply, C7 after one secondary, C8 after all of them, C8r after every table's Delta commit
+    but before the applied report is handed to the background sender. The batch is applied to
+    every table (I4) and the next driver does not run the user's function for it again (I2).
+    C8r's transaction is committed with every table done; the replay is answered already
+    committed, the report comes by the replay or the coordinator's roll-forward, and it ends
+    APPLIED.
+
+    Every batch is in every table exactly once (I2), readers never saw a partial batch (I1).
+    It is also issue 32's acceptance run: every batch the drivers from C6 on commit, besides the
+    bank tables, MERGEs each account's net change into a balances table keyed by account and
+    inserts then deletes on a fourth table, through ``txn.delta_table``, both tables made by
+    delta-spark (CREATE TABLE ... USING DELTA) before the stream. Every snapshot read shows
     each account's balance equal to its credits minus its debits, and delta-spark's latest
     reads hold every batch exactly once (``tests/crash/row_level_job.py``)."""
-    outcome = scenarios.driver_crash_chain(tmp_path, ["C6", "C7", "C8", "C8r"], row_level=True)
+    before = list(scenarios.BEFORE_THE_COMMIT_POINT)
+    outcome = scenarios.driver_crash_chain(tmp_path, AFTER_THE_COMMIT_POINT, row_level=True,
+                                           first_batch_points=before)
     _assert_clean(outcome)
     row_level = outcome.notes["row_level"]
     assert row_level["final_read"] and row_level["snapshot_reads_checked"] >= 3, outcome.notes
     assert _committed_before_replay(outcome) == {
-        "C6": True, "C7": True, "C8": True, "C8r": True}, outcome.notes
+        **dict.fromkeys(before, False), **dict.fromkeys(AFTER_THE_COMMIT_POINT, True)}, \
+        outcome.notes
     crashes = {c["point"]: c for c in outcome.notes["crashes"]}
+    for point in before:
+        crash = crashes[point]
+        assert not {"COMMITTED", "APPLIED"} & set(crash["states_after_crash"]), crash
+        assert crash["batch"] in crash["next_run_user_fn"], crash
+    assert outcome.report.aborted >= len(before), outcome.summary()
     deferred = crashes["C8r"]
     assert len(deferred["tables_with_crashed_batch"]) == 3, deferred  # every secondary done
-    assert deferred["batch"] not in deferred["next_run_user_fn"], deferred
     assert "APPLIED" in deferred["states_after_recovery"], deferred
-    for crash in crashes.values():
-        assert crash["batch"] not in crash["next_run_user_fn"], crash
+    for point in AFTER_THE_COMMIT_POINT:
+        assert crashes[point]["batch"] not in crashes[point]["next_run_user_fn"], crashes[point]
 
 
 # ---------------------------------------------------------------- coordinator crashes

@@ -31,6 +31,7 @@ from percolake.lake.warehouse import UnsafeLocation, local_path
 from percolake.records import AddFileRecord, TableWriteRecord, TxnRecord, WriteMode
 from percolake.v1 import coordinator_pb2 as pb
 from tests.daemon_support import apply_all, canonical, table_write, unique, wait_for
+from tests.lake_support import make_core
 from tests.test_table_features import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,26 +39,6 @@ SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,
 HOUR_MS = 3600 * 1000
 
 
-@pytest.fixture
-def lake(tmp_path: Path) -> Path:
-    root = tmp_path / "warehouse"
-    root.mkdir()
-    return root
-
-
-def make_core(lake: Path, data: Path) -> TransactionCoordinator:
-    return TransactionCoordinator(
-        SqliteStore(data, group_commit=True),
-        CoordinatorConfig([str(lake)], retention_hours=24, barrier_interval_s=0.05),
-        applier=functools.partial(apply_table_write, roots=[str(lake)]))
-
-
-@pytest.fixture
-def core(lake: Path, tmp_path: Path):
-    made = make_core(lake, tmp_path / "data")
-    yield made
-    made.close()
-    made.store.close()
 
 
 def write_batch(core: TransactionCoordinator, pipeline: str, batch: int, table: Path,
@@ -86,16 +67,16 @@ def prune_far_ahead(core: TransactionCoordinator) -> int:
     return core.store.retention_floor_ts()
 
 
-def overwritten_table(core, lake: Path) -> tuple[Path, TxnRecord, str, str]:
+def overwritten_table(core, warehouse: Path) -> tuple[Path, TxnRecord, str, str]:
     """A table whose version 0 file was replaced by an overwrite (version 1)."""
-    table = lake / "src"
+    table = warehouse / "src"
     first, old = write_batch(core, "bank", 0, table, [1, 2])
     _, new = write_batch(core, "bank", 1, table, [3], WriteMode.OVERWRITE)
     return table, first, old, new
 
 
-def test_vacuum_refused_while_a_lease_holds_allowed_after_release(core, lake):
-    table, first, old, new = overwritten_table(core, lake)
+def test_vacuum_refused_while_a_lease_holds_allowed_after_release(core, warehouse):
+    table, first, old, new = overwritten_table(core, warehouse)
     name = core.resolve_table(str(table))
     snapshot = core.get_snapshot([name], as_of_ts=first.commit_ts)
     assert snapshot.versions == {name: 0}
@@ -128,8 +109,8 @@ def test_vacuum_refused_while_a_lease_holds_allowed_after_release(core, lake):
     assert rows(table) == [3]
 
 
-def test_a_dry_run_lists_the_files_and_removes_nothing(core, lake):
-    table, _, old, _ = overwritten_table(core, lake)
+def test_a_dry_run_lists_the_files_and_removes_nothing(core, warehouse):
+    table, _, old, _ = overwritten_table(core, warehouse)
     name = core.resolve_table(str(table))
     prune_far_ahead(core)
     result = core.vacuum(name, retention_hours=0, dry_run=True)
@@ -140,8 +121,8 @@ def test_a_dry_run_lists_the_files_and_removes_nothing(core, lake):
     assert (Path(local_path(name)) / old).exists()
 
 
-def test_an_expired_lease_stops_blocking_and_maintenance_drops_it(core, lake):
-    table, first, old, _ = overwritten_table(core, lake)
+def test_an_expired_lease_stops_blocking_and_maintenance_drops_it(core, warehouse):
+    table, first, old, _ = overwritten_table(core, warehouse)
     name = core.resolve_table(str(table))
     lease = core.take_lease(core.get_snapshot([name], as_of_ts=first.commit_ts), 1, "brief")
     wait_for(lambda: not core.list_leases([name]), 30, "the lease to expire")
@@ -152,14 +133,14 @@ def test_an_expired_lease_stops_blocking_and_maintenance_drops_it(core, lake):
     assert core.vacuum(name, retention_hours=0).removed_files == [old]
 
 
-def test_a_lease_is_durable_across_a_restart(lake, tmp_path):
-    first = make_core(lake, tmp_path / "data")
-    _, batch, _, _ = overwritten_table(first, lake)
-    name = first.resolve_table(str(lake / "src"))
+def test_a_lease_is_durable_across_a_restart(warehouse, tmp_path):
+    first = make_core(warehouse, tmp_path / "data")
+    _, batch, _, _ = overwritten_table(first, warehouse)
+    name = first.resolve_table(str(warehouse / "src"))
     lease = first.take_lease(first.get_snapshot([name], as_of_ts=batch.commit_ts), HOUR_MS, "h")
     first.close()
     first.store.close()
-    again = make_core(lake, tmp_path / "data")
+    again = make_core(warehouse, tmp_path / "data")
     try:
         assert again.list_leases() == [lease]
         with pytest.raises(FailedPrecondition, match=lease.lease_id):
@@ -180,8 +161,8 @@ def plan_with_changes(core, pipeline: str, source: str, change: TxnRecord,
     return plan
 
 
-def test_files_of_a_downstream_pipelines_range_are_kept(core, lake):
-    source, derived = lake / "src", lake / "derived"
+def test_files_of_a_downstream_pipelines_range_are_kept(core, warehouse):
+    source, derived = warehouse / "src", warehouse / "derived"
     appended, _ = write_batch(core, "bank", 0, source, [1, 2])
     name = core.resolve_table(str(source))
     core.register_reads("ledger", [name], None)
@@ -316,12 +297,12 @@ def test_the_lake_side_refuses_paths_outside_the_table(tmp_path):
 # ------------------------------------------------------------------ unapplied write intents
 
 
-def test_vacuum_keeps_the_files_a_committed_unapplied_revision_adds_back(core, lake):
+def test_vacuum_keeps_the_files_a_committed_unapplied_revision_adds_back(core, warehouse):
     """A revision committed but not applied (its coordinator died) re-adds the version-0 file
     the overwrite removed: vacuum must keep it until the revision is applied."""
     from percolake import failpoints
 
-    table = lake / "src"
+    table = warehouse / "src"
     first, old = write_batch(core, "bank", 0, table, [1, 2])
     name = core.resolve_table(str(table))
     barrier = wait_for(lambda: (done := core.completion().completed(name)) is not None
@@ -368,13 +349,13 @@ def _secured_call(guard, principal: str, name: str, core, request, call):
         return guard.run(name, core, request, call)
 
 
-def test_only_the_taker_or_an_admin_releases_a_lease_and_others_see_no_id(core, lake):
+def test_only_the_taker_or_an_admin_releases_a_lease_and_others_see_no_id(core, warehouse):
     from coordinator.auth.access import AccessDenied, Guard
     from coordinator.auth_records import AclRecord, Permission, Resource
     from coordinator.principal import acting_as
     from coordinator.servicer import _lease_to_pb
 
-    table, first, _, _ = overwritten_table(core, lake)
+    table, first, _, _ = overwritten_table(core, warehouse)
     name = core.resolve_table(str(table))
     guard = Guard(_Credentials(
         AclRecord("carol", Resource.TABLE, "*", Permission.READ),
@@ -413,17 +394,18 @@ def test_only_the_taker_or_an_admin_releases_a_lease_and_others_see_no_id(core, 
     assert core.list_leases() == []
 
 
-def test_live_leases_per_principal_are_capped(lake, tmp_path):
+def test_live_leases_per_principal_are_capped(warehouse, tmp_path):
     from coordinator.principal import acting_as
     from percolake.errors import ResourceExhausted
 
     capped = TransactionCoordinator(
         SqliteStore(tmp_path / "capped"),
-        CoordinatorConfig([str(lake)], barrier_interval_s=0.05, max_live_leases_per_principal=2),
-        applier=functools.partial(apply_table_write, roots=[str(lake)]))
+        CoordinatorConfig([str(warehouse)], barrier_interval_s=0.05,
+                          max_live_leases_per_principal=2),
+        applier=functools.partial(apply_table_write, roots=[str(warehouse)]))
     try:
-        write_batch(capped, "bank", 0, lake / "t", [1])
-        name = capped.resolve_table(str(lake / "t"))
+        write_batch(capped, "bank", 0, warehouse / "t", [1])
+        name = capped.resolve_table(str(warehouse / "t"))
         with acting_as("carol"):
             held = [capped.take_lease(capped.get_snapshot([name]), HOUR_MS, "h")
                     for _ in range(2)]
@@ -442,10 +424,10 @@ def test_live_leases_per_principal_are_capped(lake, tmp_path):
         capped.store.close()
 
 
-def test_vacuum_refuses_a_table_with_a_feature_percolake_cannot_write(core, lake):
+def test_vacuum_refuses_a_table_with_a_feature_percolake_cannot_write(core, warehouse):
     """A vacuum deletes files only of tables whose every feature percolake implements (what
     ``vacuumProtocolCheck`` requires of a vacuum); a table with that feature is vacuumed."""
-    table, _, old, _ = overwritten_table(core, lake)
+    table, _, old, _ = overwritten_table(core, warehouse)
     name = core.resolve_table(str(table))
     prune_far_ahead(core)
     upgrade(table, "v2Checkpoint")  # by an outside writer: sidecars percolake cannot see

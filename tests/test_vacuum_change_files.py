@@ -29,29 +29,14 @@ from percolake.records import (
     TxnRecord,
     WriteMode,
 )
-from tests.test_leases_vacuum import HOUR_MS, make_core, plan_with_changes, prune_far_ahead
+from tests.test_leases_vacuum import HOUR_MS, plan_with_changes, prune_far_ahead
 from tests.test_leases_vacuum import write_batch as write_derived
 
 
 @pytest.fixture
-def lake(tmp_path: Path) -> Path:
-    root = tmp_path / "warehouse"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture
-def core(lake: Path, tmp_path: Path):
-    made = make_core(lake, tmp_path / "data")
-    yield made
-    made.close()
-    made.store.close()
-
-
-@pytest.fixture
-def table(lake: Path) -> Path:
+def table(warehouse: Path) -> Path:
     """Version 0, made outside percolake: one data file at the root, the change data feed on."""
-    path = lake / "accounts"
+    path = warehouse / "accounts"
     write_deltalake(str(path), pa.table({"id": pa.array([1, 2], pa.int64()),
                                          "value": pa.array([10, 20], pa.int64())}),
                     configuration={"delta.enableChangeDataFeed": "true"})
@@ -157,13 +142,13 @@ def test_a_change_file_expires_through_vacuum_once_its_commit_is_older_than_the_
 
 
 def test_a_downstream_pipelines_unread_range_keeps_the_change_files_of_its_commits(
-        core, table, lake):
+        core, table, warehouse):
     """The reader read the table up to version 1; the UPDATE's change data (version 2) is in
     its range still to read, so vacuum refuses naming the change file, until the reader moves
     past it."""
     appended = commit(core, "bank", 0, table, append(table, [3], [30]))
     name = core.resolve_table(str(table))
-    derived = lake / "derived"
+    derived = warehouse / "derived"
     core.register_reads("ledger", [name], None)
     first_plan = plan_with_changes(core, "ledger", name, appended, None, None)
     write_derived(core, "ledger", 0, derived, [1, 2, 3])

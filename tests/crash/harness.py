@@ -218,7 +218,9 @@ class Scenario:
             self.inputs += 1
 
     def start_driver(self, failpoints: str = "", checkpoint: Path | None = None,
-                     options: dict[str, Any] | None = None) -> DriverRun:
+                     options: dict[str, Any] | None = None,
+                     driver_args: list[str] | None = None) -> DriverRun:
+        """A driver on the scenario's pipeline; ``driver_args`` instead of the scenario's."""
         n = len(self.drivers)
         log_path = self.root / f"driver-{n}.log"
         command = [
@@ -232,7 +234,7 @@ class Scenario:
             command += ["--master", self.master]
         if self.spark_conf:
             command += ["--spark-conf", json.dumps(self.spark_conf)]
-        command += self.driver_args
+        command += self.driver_args if driver_args is None else driver_args
         with open(log_path, "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT,
                                        env=self.child_env(failpoints), start_new_session=True)

@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,8 @@ class Outcome:
         return f"{self.crash_point}: {self.report.summary()}\nnotes: {self.notes}"
 
 
-def _expect_crash(sc: Scenario, failpoints: str, name: str) -> Any:
-    run = sc.run_driver(failpoints, expect=None)
+def _expect_crash(sc: Scenario, failpoints: str, name: str, **driver: Any) -> Any:
+    run = sc.run_driver(failpoints, expect=None, **driver)
     rc = run.returncode
     if rc not in (FAILPOINT_EXIT, FAILPOINT_KILLED) or f"failpoint {name}" not in run.log():
         raise AssertionError(f"driver with {failpoints!r} exited {rc} without reaching failpoint "
@@ -478,6 +478,9 @@ def _driver_point(point: str) -> Callable[..., Outcome]:
     return run
 
 
+# The driver points before the commit point: a driver dying there has committed nothing.
+BEFORE_THE_COMMIT_POINT = ("C1", "C2-first", "C2", "C3")
+
 # Chain points beside DRIVER_POINTS's (which die at their second hit of a batch, if it has two):
 # "C2-first" dies as the first of a batch's concurrent table writes has its files, the other
 # two write jobs submitted beside it.
@@ -496,35 +499,51 @@ def _chain_failpoint(point: str, batch: int, action: str = "exit") -> tuple[str,
 
 
 def driver_crash_chain(root: Path, points: list[str], k: int = 3, more_batches: int = 0,
-                       row_level: bool = False, **scenario: Any) -> Outcome:
-    """Driver crash points one after another on one pipeline (the fast mode's C1-C3, C6-C8r):
-    the driver started after the crash in batch ``n - 1`` replays that batch and dies at
-    ``points[n]`` in batch ``n``; a last driver finishes every batch, ``more_batches`` more
+                       row_level: bool = False, first_batch_points: Sequence[str] = (),
+                       **scenario: Any) -> Outcome:
+    """Driver crash points one after another on one pipeline (the fast mode's C1-C3 then
+    C6-C8r): the driver started after the crash in batch ``n - 1`` replays that batch and dies
+    at ``points[n]`` in batch ``n``; a last driver finishes every batch, ``more_batches`` more
     than the crashes' while the snapshot reader reads. Per point the notes hold the crashed
     batch's states right after the crash and after the last driver, the tables holding it right
     after the crash, and whether the next driver ran the user's function for it again, which it
     must not do for a committed batch (I2).
 
+    ``first_batch_points``: points before the commit point (``BEFORE_THE_COMMIT_POINT``) at
+    which drivers die one after another in batch 0 first, each replaying the batch its
+    predecessor died in; ``points`` then start at batch 1. Those drivers commit nothing, so
+    they run the plain bank job (the light session, no ``row_level`` tables) and die by the
+    ``exit`` action.
+
     ``row_level``: issue 32's acceptance run. Every batch also MERGEs a balances table and
     inserts then deletes on a fourth (``row_level_job.py``, tables made by delta-spark before
-    the stream), each crash is a SIGKILL (the ``kill`` action), every snapshot read must show
-    balances equal to credits minus debits, and delta-spark's latest reads every batch exactly
-    once (the notes' ``row_level``)."""
+    the stream), each crash of ``points`` is a SIGKILL (the ``kill`` action), every snapshot
+    read must show balances equal to credits minus debits, and delta-spark's latest reads every
+    batch exactly once (the notes' ``row_level``)."""
+    committing = [p for p in first_batch_points if p not in BEFORE_THE_COMMIT_POINT]
+    if committing:
+        raise ValueError(f"first_batch_points {committing} are past the commit point: a driver "
+                         f"dying there commits batch 0 (use {BEFORE_THE_COMMIT_POINT})")
     final_read = Path(root) / "final-read.json"
     if row_level:
         scenario["driver_args"] = ["--row-level", "--final-read", str(final_read)]
     sc = Scenario(root, k=k, **scenario)
+    first = 1 if first_batch_points else 0
+    # (batch, point, action, the driver's arguments: None for the scenario's)
+    chain = [(0, point, "exit", []) for point in first_batch_points] + [
+        (first + n, point, "kill" if row_level else "exit", None)
+        for n, point in enumerate(points)]
     try:
         sc.start_coordinator()
-        batches = len(points) + 1 + more_batches
+        batches = first + len(points) + 1 + more_batches
         sc.add_input(batches)
         extra_tables = row_level_job.reader_tables(str(sc.lake)) if row_level else []
         sc.start_reader(sc.tables() + extra_tables)
         report = Report()
         crashes: list[dict[str, Any]] = []
-        for batch, point in enumerate(points):
-            failpoint, spec = _chain_failpoint(point, batch, "kill" if row_level else "exit")
-            run = _expect_crash(sc, spec, failpoint)
+        for batch, point, action, driver_args in chain:
+            failpoint, spec = _chain_failpoint(point, batch, action)
+            run = _expect_crash(sc, spec, failpoint, driver_args=driver_args)
             if crashes:
                 crashes[-1]["next_run_user_fn"] = run.user_fn_batches()
             crashes.append({"point": point, "batch": batch, "failpoints": spec,
@@ -557,7 +576,7 @@ def driver_crash_chain(root: Path, points: list[str], k: int = 3, more_batches: 
             report.violations += violations
             notes["row_level"] = {"snapshot_reads_checked": checked,
                                   "final_read": final_read.exists()}
-        return Outcome("+".join(points), report, {
+        return Outcome("+".join([*first_batch_points, *points]), report, {
             "crashes": crashes, "distinct_snapshots_read": len(seen),
             "recovery_s": round(driven - started, 1),
             "check_s": round(time.monotonic() - driven, 1), **notes})

@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from sparkside.session import local_spark
+    from tests.spark_settings import INTERPRETED
 
-    conf = {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+    conf = {**INTERPRETED,
+            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
             # tiny tables: one task per log replay and shuffle, not one per core
             "spark.databricks.delta.snapshotPartitions": "1",
             "spark.sql.shuffle.partitions": "1",

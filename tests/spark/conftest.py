@@ -18,16 +18,12 @@ from percolake import failpoints
 from percolake.lake.storage import hadoop_s3a_options
 from sparkside import Participant, local_spark
 from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES, first_fetch_notice
+from tests.spark_settings import INTERPRETED
 
 # The shared session carries Hadoop's S3 connector from its start (jars cannot be added later);
 # the S3 tests give it the moto server's settings when they run (``spark_s3``).
 S3_JARS = {"spark.jars.packages": ",".join(S3_CONNECTOR),
            "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}
-# The tests' queries are many and their data tiny: generating and compiling Java code for each
-# query (Spark's default) costs more CPU than interpreting it, with the same results (Spark's
-# own tests run in both modes). The suite is CPU-bound on two cores.
-INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
-               "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @pytest.fixture(scope="session")
