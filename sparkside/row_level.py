@@ -42,6 +42,7 @@ from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vector_files import stored_descriptor
 from percolake.lake.deletion_vectors import deletion_vectors
 from percolake.lake.delta_commit import TableLayout, files_of_version, open_table
+from percolake.lake.log_entry import log_path
 from percolake.lake.read_set import (
     WHOLE_TABLE,
     WRITE_SERIALIZABLE,
@@ -358,8 +359,11 @@ class RowLevelTable:
             relative = self._relative(spark_path)
             segments = relative.count("/") + 1  # the log's (URI-encoded) spelling, and ours
             raw = "/".join(urlparse(spark_path).path.split("/")[-segments:])
-            spellings.update({raw: relative, relative: relative})
-            add = self._scanned.get(raw) or self._scanned.get(relative)
+            # percolake's own adds spell the path as log_path does (non-ASCII encoded, which
+            # Spark's file paths leave as is)
+            spellings.update({raw: relative, relative: relative, log_path(relative): relative})
+            add = self._scanned.get(raw) or self._scanned.get(relative) \
+                or self._scanned.get(log_path(relative))
             if add is not None:
                 listed.append(add)
         actions = listed if len(listed) == len(touched) else \
