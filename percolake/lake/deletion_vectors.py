@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import pyarrow.dataset as pads
@@ -40,8 +40,29 @@ def deletion_vectors(table_uri: str, version: int,
         StorageRefused, StorageUnavailable, StorageSettingsError: an object-store log that
             cannot be read now.
     """
+    return {path: add.descriptor() for path, add in
+            logged_adds(table_uri, version, paths).items() if add.deletion_vector}
+
+
+class LoggedAdd(NamedTuple):
+    """A file's add action at a version as the log holds it."""
+
+    path: str  # as the log spells it (delta-spark leaves some characters unescaped)
+    deletion_vector: DeletionVector | None
+
+    def descriptor(self) -> DeletionVector | None:
+        """The deletion vector's descriptor without the fields a checkpoint leaves null."""
+        if not self.deletion_vector:
+            return None
+        return {k: v for k, v in self.deletion_vector.items() if v is not None}
+
+
+def logged_adds(table_uri: str, version: int,
+                paths: Iterable[str] | None = None) -> dict[str, LoggedAdd]:
+    """The add actions of the files of ``version``, by relative path (percent-decoded); only
+    among ``paths`` when given. Raises as ``deletion_vectors``."""
     wanted = None if paths is None else set(paths)
-    decided: dict[str, DeletionVector | None] = {}
+    decided: dict[str, LoggedAdd | None] = {}
     checkpoint = _newest_checkpoint(table_uri, version)
     floor = checkpoint[0] if checkpoint else -1
     for current in range(version, floor, -1):
@@ -49,28 +70,30 @@ def deletion_vectors(table_uri: str, version: int,
         if actions is None:
             raise FailedPrecondition(
                 f"table {table_uri}: Delta log entry {current} is missing and no checkpoint "
-                f"covers it; the deletion vectors of version {version} cannot be read")
+                f"covers it; the files of version {version} cannot be read")
         # One entry may remove a path and add it again with another vector (delta-spark's
         # DELETE: the logical file is the path and its vector): its add decides.
-        in_entry: dict[str, DeletionVector | None] = {}
+        in_entry: dict[str, LoggedAdd | None] = {}
         for action in actions:
             if "add" in action:
-                in_entry[unquote(action["add"]["path"])] = action["add"].get("deletionVector")
+                add = action["add"]
+                in_entry[unquote(add["path"])] = LoggedAdd(add["path"],
+                                                           add.get("deletionVector"))
         for action in actions:
             if "remove" in action:
                 in_entry.setdefault(unquote(action["remove"]["path"]), None)
-        for path, vector in in_entry.items():
+        for path, add in in_entry.items():
             if path not in decided and (wanted is None or path in wanted):
-                decided[path] = vector
+                decided[path] = add
         if wanted is not None and wanted <= decided.keys():
             break
     else:
         if checkpoint is not None:
-            for path, vector in _checkpoint_adds(table_uri, checkpoint[1]):
+            for add in _checkpoint_adds(table_uri, checkpoint[1]):
+                path = unquote(add.path)
                 if path not in decided and (wanted is None or path in wanted):
-                    decided[path] = vector
-    return {path: {k: v for k, v in vector.items() if v is not None}
-            for path, vector in decided.items() if vector}
+                    decided[path] = add
+    return {path: add for path, add in decided.items() if add is not None}
 
 
 def _log_folder(table_uri: str) -> str:
@@ -120,12 +143,11 @@ def _newest_checkpoint(table_uri: str, version: int) -> tuple[int, list[str]] | 
     return max(complete, key=lambda c: c[0])
 
 
-def _checkpoint_adds(table_uri: str,
-                     files: list[str]) -> Iterable[tuple[str, DeletionVector | None]]:
+def _checkpoint_adds(table_uri: str, files: list[str]) -> Iterable[LoggedAdd]:
     filesystem, _ = _filesystem(table_uri)
     dataset = pads.dataset(files, format="parquet", filesystem=filesystem)
     if "add" not in dataset.schema.names:
         return
     for row in dataset.to_table(columns=["add"]).column("add").to_pylist():
         if row:
-            yield unquote(row["path"]), row.get("deletionVector")
+            yield LoggedAdd(row["path"], row.get("deletionVector"))

@@ -46,7 +46,7 @@ from percolake.failpoints import fail_point
 from percolake.lake import in_commit_timestamps, storage
 from percolake.lake.checkpoints import last_checkpoint_version
 from percolake.lake.deletion_vector_files import stored_descriptor
-from percolake.lake.deletion_vectors import deletion_vectors
+from percolake.lake.deletion_vectors import LoggedAdd, logged_adds
 from percolake.lake.kept_table import KeptTable
 from percolake.lake.log_entry import (
     add_action,
@@ -54,6 +54,7 @@ from percolake.lake.log_entry import (
     change_action,
     commit_info,
     entry_bytes,
+    log_path,
     metadata_action,
     now_ms,
     operation_commit_info,
@@ -406,15 +407,16 @@ def _entry_actions(write: TableWriteRecord, actions: list[AddAction | RemoveActi
     if schema_json is not None:
         entry.append(metadata_action(table.metadata(), schema_json, _evolved_configuration(
             table.metadata().configuration, schema_json)))
-    removed = [a.path for a in actions if isinstance(a, RemoveAction)]
-    vectors = deletion_vectors(write.table, table.version(), removed) \
-        if removed and layout.protocol.has("deletionVectors") else {}
+    removed = _logged_removes(write.table, table.version(),
+                              [a.path for a in actions if isinstance(a, RemoveAction)], layout)
     by_path = {f.path: f for f in write.add_files}
     for action in actions:
         if isinstance(action, RemoveAction):
+            logged = removed.get(action.path)
             entry.append(remove_action(action.path, action.size or 0,
                                        action.partition_values or {}, now,
-                                       deletion_vector=vectors.get(action.path)))
+                                       deletion_vector=logged and logged.descriptor(),
+                                       spelled=logged and logged.path))
         else:  # partition values as the action keys them (physical names if column-mapped)
             entry.append(add_action(dataclasses.replace(
                 by_path[action.path], partition_values=dict(action.partition_values or {}))))
@@ -438,9 +440,8 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     parameters = json.loads(write.operation_parameters) if write.operation_parameters else {}
     physical = physical_names(layout.schema_json) \
         if layout.protocol.column_mapping != "none" else {}
-    vectors = deletion_vectors(write.table, write.read_version,
-                               [f.path for f in write.remove_files]) \
-        if write.remove_files and layout.protocol.has("deletionVectors") else {}
+    logged = _logged_removes(write.table, write.read_version,
+                             [f.path for f in write.remove_files], layout)
     from percolake.lake.read_set import SNAPSHOT_ISOLATION, ReadSet  # it reads with this module
 
     info = operation_commit_info(
@@ -460,16 +461,32 @@ def row_level_entry(write: TableWriteRecord, layout: TableLayout,
     removes = {remove.path: remove for remove in write.remove_files}
     for remove in write.remove_files:
         values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
+        was = logged.get(remove.path)
         entry.append(remove_action(remove.path, remove.size, values, now,
                                    data_change=write.data_change,
-                                   deletion_vector=vectors.get(remove.path)))
+                                   deletion_vector=was and was.descriptor(),
+                                   spelled=was and was.path))
     for kept in write.deletion_vectors:  # the removed file again, with its new vector
         remove = removes[kept.path]
         values = {physical.get(k, k): v for k, v in remove.partition_values.items()}
+        was = logged.get(kept.path)
         entry.append(add_action(
             AddFileRecord(kept.path, remove.size, values, kept.modification_time, kept.stats),
-            data_change=write.data_change, deletion_vector=stored_descriptor(kept)))
+            data_change=write.data_change, deletion_vector=stored_descriptor(kept),
+            spelled=was and was.path))
     return entry
+
+
+def _logged_removes(table_uri: str, version: int, paths: list[str],
+                    layout: TableLayout) -> dict[str, LoggedAdd]:
+    """The log's add actions at ``version`` of the files a commit removes, where their removes
+    need them: a file's deletion vector (a remove must carry it) and its path as the log
+    spells it (delta-spark leaves some characters unescaped, e.g. non-ASCII partition values;
+    a remove spelled otherwise would leave the file in the table for delta-spark)."""
+    if not paths or not (layout.protocol.has("deletionVectors")
+                         or any(log_path(p) != p for p in paths)):
+        return {}
+    return logged_adds(table_uri, version, paths)
 
 
 def _evolved_configuration(configuration: Mapping[str, str],

@@ -38,9 +38,11 @@ def log_path(path: str) -> str:
 
 
 def add_action(add: AddFileRecord, *, data_change: bool = True,
-               deletion_vector: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """An add; with ``deletion_vector`` the file's rows that vector names are deleted."""
-    action = {"path": log_path(add.path), "partitionValues": dict(add.partition_values),
+               deletion_vector: Mapping[str, Any] | None = None,
+               spelled: str | None = None) -> dict[str, Any]:
+    """An add; with ``deletion_vector`` the file's rows that vector names are deleted;
+    ``spelled``: the path as the log already spells the file (else ``log_path``)."""
+    action = {"path": spelled or log_path(add.path), "partitionValues": dict(add.partition_values),
               "size": add.size, "modificationTime": add.modification_time,
               "dataChange": data_change, "stats": add.stats or "{}"}
     if deletion_vector:
@@ -50,11 +52,13 @@ def add_action(add: AddFileRecord, *, data_change: bool = True,
 
 def remove_action(path: str, size: int, partition_values: Mapping[str, str | None],
                   now_ms: int, *, data_change: bool = True,
-                  deletion_vector: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  deletion_vector: Mapping[str, Any] | None = None,
+                  spelled: str | None = None) -> dict[str, Any]:
     """A remove; a file that carries a deletion vector is only removed by a remove carrying
-    the same descriptor (Delta keys a logical file by its path and deletion vector)."""
+    the same descriptor (Delta keys a logical file by its path and deletion vector), and only
+    by the path as its add spells it: ``spelled`` (else ``log_path``)."""
     remove: dict[str, Any] = {
-        "path": log_path(path), "dataChange": data_change, "deletionTimestamp": now_ms,
+        "path": spelled or log_path(path), "dataChange": data_change, "deletionTimestamp": now_ms,
         "extendedFileMetadata": True, "partitionValues": dict(partition_values), "size": size}
     if deletion_vector:
         remove["deletionVector"] = dict(deletion_vector)
