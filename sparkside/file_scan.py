@@ -59,10 +59,7 @@ class FileScan:
             scan = index.preparedScan()
             if index.deltaLog().dataPath().toString() != data_path or scan.version() != version:
                 continue
-            files = scan.files().iterator()
-            while files.hasNext():
-                add = files.next()
-                found[add.path()] = add
+            found.update(_by_path(scan.files()))
         return found
 
     def listed(self) -> dict[str, Any] | None:
@@ -72,12 +69,7 @@ class FileScan:
         files = checksum.get().allFiles() if checksum.isDefined() else None
         if files is None or not files.isDefined():
             return None
-        found: dict[str, Any] = {}
-        adds = files.get().iterator()
-        while adds.hasNext():
-            add = adds.next()
-            found[add.path()] = add
-        return found
+        return _by_path(files.get())
 
     def spark_path(self, relative: str) -> str:
         """The ``_metadata.file_path`` Spark gives the rows of the table's file at
@@ -103,3 +95,13 @@ class FileScan:
         files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(add_actions).toList()
         frame = self.log.createDataFrame(self.snapshot, files, False, jvm.scala.Option.empty())
         return DataFrame(frame, self.spark)
+
+
+def _by_path(adds: Any) -> dict[str, Any]:
+    """A Scala collection of add actions by ``path`` as the log spells it."""
+    found: dict[str, Any] = {}
+    iterator = adds.iterator()
+    while iterator.hasNext():
+        add = iterator.next()
+        found[add.path()] = add
+    return found
