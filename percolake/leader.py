@@ -75,9 +75,19 @@ def overloaded(exc: grpc.RpcError) -> bool:
         key == RETRY_METADATA_KEY for key, _ in _trailing_metadata(exc))
 
 
+def dropped_by_stopping_server(exc: grpc.RpcError) -> bool:
+    """Whether a coordinator shutting down dropped the call before any handler took it.
+
+    gRPC core ends such a call CANCELLED with exactly this message (grpc/grpc#41785) where an
+    UNAVAILABLE is meant: the server went away and nothing ran. A client closing its own
+    channel gets CANCELLED with another message."""
+    return exc.code() == grpc.StatusCode.CANCELLED and exc.details() == "CANCELLED"
+
+
 def is_transient(exc: grpc.RpcError) -> bool:
-    """A status the same call is retried after: no leader reached, or load shed."""
-    return exc.code() in TRANSIENT or overloaded(exc)
+    """A status the same call is retried after: no leader reached (a coordinator stopping
+    included), or load shed."""
+    return exc.code() in TRANSIENT or overloaded(exc) or dropped_by_stopping_server(exc)
 
 
 def default_channel(address: str, security: ClientSecurity | None = None) -> grpc.Channel:

@@ -50,6 +50,7 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.leading = True
         self.points_to: str | None = None
         self.refuse: grpc.StatusCode | None = None
+        self.refuse_details: str | None = None  # None: "refused by ADDRESS"
         self.shed = 0  # the next calls answered RESOURCE_EXHAUSTED with the retry marker
         self.calls: Counter[str] = Counter()
         self.resets: list[pb.ResetPipelineRequest] = []
@@ -71,7 +72,7 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           standby_message(self.address, self.points_to, 7))
         if self.refuse is not None:
-            context.abort(self.refuse, f"refused by {self.address}")
+            context.abort(self.refuse, self.refuse_details or f"refused by {self.address}")
         if self.shed > 0:
             self.shed -= 1
             context.set_trailing_metadata(RETRY_METADATA)
@@ -256,6 +257,59 @@ def test_other_statuses_are_raised_at_once(make):
         assert leader.total() == 1  # not retried
     finally:
         client.close()
+
+
+def test_a_call_dropped_by_a_coordinator_shutting_down_goes_to_the_next_one(make):
+    # A graceful stop ends calls that arrive before the listener closes, and that no handler
+    # took, CANCELLED "CANCELLED" (gRPC core; seen in a SIGTERM takeover): nothing ran there.
+    stopping, leader = make(), make()
+    stopping.refuse, stopping.refuse_details = grpc.StatusCode.CANCELLED, "CANCELLED"
+    client = CoordinatorClient(f"{stopping.address},{leader.address}", retry_s=10)
+    try:
+        assert get_pipeline(client).query_id == leader.address
+        assert (stopping.total(), leader.total()) == (1, 1)
+        # Any other CANCELLED is the caller's, not the server's going away: raised at once.
+        leader.refuse, leader.refuse_details = grpc.StatusCode.CANCELLED, "cancelled by caller"
+        with pytest.raises(InvalidRequest, match="cancelled by caller"):
+            get_pipeline(client)
+        assert leader.total() == 2
+    finally:
+        client.close()
+
+
+def test_a_real_graceful_stop_never_reaches_the_caller_as_cancelled(make):
+    """Calls racing a real server's graceful stop (three rounds: the race is lost in about
+    half of them without the retry) all end at the other coordinator."""
+    leader = make()
+    errors: list[BaseException] = []
+    for _ in range(3):
+        stopping = make()
+        client = CoordinatorClient(f"{stopping.address},{leader.address}", retry_s=10)
+        running = threading.Event()
+        running.set()
+
+        def call_in_a_loop(client: CoordinatorClient = client,
+                           running: threading.Event = running) -> None:
+            while running.is_set():
+                try:
+                    get_pipeline(client)
+                except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                    errors.append(exc)
+
+        callers = [threading.Thread(target=call_in_a_loop) for _ in range(4)]
+        try:
+            for caller in callers:
+                caller.start()
+            time.sleep(0.15)
+            stopping.server.stop(1).wait()
+            time.sleep(0.1)
+        finally:
+            running.clear()
+            for caller in callers:
+                caller.join()
+            client.close()
+    assert not errors, errors[:3]
+    assert leader.total() > 0
 
 
 def test_follower_gives_up_with_an_rpc_error_naming_the_addresses():
