@@ -39,6 +39,14 @@ class ColumnIdentity:
             attribute = output.apply(i)
             self.ids[attribute.name()] = (attribute.exprId(), attribute.dataType().json())
 
+    def shared_with(self, frame: DataFrame) -> bool:
+        """Whether a column of ``frame`` has one of these ids (a frame made from ``toDF()``)."""
+        if not self.ids:
+            return False
+        ids = {_key(known[0]) for known in self.ids.values()}
+        output = _analyzed(frame).output()
+        return any(_key(output.apply(i).exprId()) in ids for i in range(output.size()))
+
     def applied(self, frame: DataFrame) -> DataFrame:
         """``frame`` with each column this object's ``toDF()`` named under that column's id
         (the same type), other columns as they are; ``frame`` itself when nothing changes."""
@@ -73,3 +81,7 @@ class ColumnIdentity:
 
 def _analyzed(frame: DataFrame) -> Any:  # noqa: ANN401 - a JVM LogicalPlan
     return frame._jdf.queryExecution().analyzed()  # noqa: SLF001
+
+
+def _key(expr_id: Any) -> tuple[int, str]:  # noqa: ANN401 - a JVM ExprId
+    return expr_id.id(), expr_id.jvmId().toString()

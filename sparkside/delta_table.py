@@ -172,6 +172,15 @@ class TransactionDeltaTable:
         """The rows of the files ``touched``, read alone (the rewrite's input)."""
         return self._aliased(state.rows_of(touched))
 
+    def _as_target_of(self, source: DataFrame) -> TransactionDeltaTable:
+        """This object as the target of a MERGE of ``source``: when the source has columns of
+        its ``toDF()`` (a MERGE of the table with a frame made from it), the target reads
+        under new column identities, so those columns name the source's, as in delta-spark
+        (which renews the target's)."""
+        if not self._identity.shared_with(source):
+            return self
+        return TransactionDeltaTable(self._state, self._alias)
+
     def _aliased(self, frame: DataFrame) -> DataFrame:
         frame = self._identity.applied(frame)
         return frame.alias(self._alias) if self._alias else frame
@@ -250,9 +259,10 @@ class TransactionMergeBuilder:
         """Runs the MERGE within the batch; returns delta-spark's metrics row
         (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
         _check_clauses(self._clauses)
-        state = self._table._state()
+        table = self._table._as_target_of(self._source)
+        state = table._state()
         state.start()
-        target = self._table._frame(state)
+        target = table._frame(state)
         _check_attributes(target, self._source, self._condition, self._clauses)
         clauses = _with_targets(self._clauses, target, self._source, state.columns(),
                                 self._schema_evolution)
@@ -264,10 +274,10 @@ class TransactionMergeBuilder:
                           and c.kind != "not_matched_by_source" for p in c.targets.values()])
             if evolving is not None:
                 state.evolve(evolving)
-                target = self._table._frame(state)
+                target = table._frame(state)
         insert_only = all(c.kind == "not_matched" for c in self._clauses)
         with merge_source(self._source, insert_only) as source:
-            metrics = _merge(state, self._table, target, source.frame, self._condition,
+            metrics = _merge(state, table, target, source.frame, self._condition,
                              clauses, _merge_parameters(target, self._source,
                                                         self._condition, clauses),
                              self._schema_evolution)

@@ -289,6 +289,10 @@ def test_columns_of_to_df_resolve_in_the_tables_operations_as_in_delta_spark(
         (t.merge(s, t.toDF().id == F.col("s.id"))
          .whenNotMatchedBySourceUpdate(condition=dt.toDF()["id"] == 1,
                                        set={"value": before * 100}).execute())
+        # a source made from toDF(): its columns are the source's (delta-spark renews the
+        # target's)
+        mine = dt.toDF().where("id = 1").withColumn("value", F.col("value") + 7)
+        t.merge(mine.alias("m"), "t.id = m.id").whenMatchedUpdateAll().execute()
         refused = []
         for operation in (
                 lambda: t.merge(s, other.toDF()["id"] == source["id"])

@@ -151,8 +151,9 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     the rows its own operations leave on a copy: partition values whose paths are escaped,
     copy-on-write and merge-on-read UPDATE/DELETE/MERGE (by join keys alone: the find pass
     reads the listing; with other aliases; with a target-only conjunct; after
-    an UPDATE and an append of the same batch), partition overwrites, overwrites, a
-    column-mapped table and schema evolution."""
+    an UPDATE and an append of the same batch), an UPDATE, a MERGE and a DELETE in one batch
+    each reading the files the ones before wrote into escaped partitions (copy-on-write, and
+    merge-on-read after an append), partition overwrites, overwrites."""
     from tests.spark.helpers import run_on_both
 
     participant = Participant(lake_daemon.target, pipeline_id=f"crc-odd-{lake.name}")
@@ -251,7 +252,8 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     # the same sequence merge-on-read, after an append of the batch (deletion vectors on the
     # table's files, the batch's own files rewritten)
     ours, theirs = lake / "odd-dv", lake / "odd-dv-reference"
-    (spark.createDataFrame([(i, i, r) for i, r in enumerate(ODD_REGIONS)], SCHEMA)
+    (spark.createDataFrame([(i + 7 * k, i, r) for k in range(2)  # an even and an odd id a file
+                            for i, r in enumerate(ODD_REGIONS)], SCHEMA).coalesce(1)
      .write.format("delta").partitionBy("region")
      .option("delta.enableDeletionVectors", "true").save(str(ours)))
     shutil.copytree(ours, theirs)
@@ -268,3 +270,4 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     for operation in sequence:
         operation(DeltaTable.forPath(spark, str(theirs)), inserted)
     check(ours, theirs, 1)
+    assert checksum(ours, 1)["numDeletionVectorsOpt"] > 0, "merge-on-read: the UPDATE's vectors"
