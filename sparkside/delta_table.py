@@ -26,6 +26,7 @@ from sparkside.assignments import (
     key_path,
     merge_key_path,
 )
+from sparkside.column_identity import ColumnIdentity
 from sparkside.deletion_vector_writes import ROW_INDEX
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
 from sparkside.merge_evolution import evolving_source_schema
@@ -51,22 +52,28 @@ T_HERE, S_HERE, ACTION, ROW_ID = "__percolake_t", "__percolake_s", "__percolake_
 class TransactionDeltaTable:
     """A Delta table as delta-spark's ``DeltaTable`` shows it, written within the batch."""
 
-    def __init__(self, state: TableState, alias: str | None = None) -> None:
+    def __init__(self, state: TableState, alias: str | None = None,
+                 identity: ColumnIdentity | None = None) -> None:
         self._state = state
         self._alias = alias
+        # the ids of toDF()'s columns, shared with the aliases (sparkside.column_identity)
+        self._identity = identity or ColumnIdentity()
 
     def alias(self, aliasName: str) -> TransactionDeltaTable:  # noqa: N803 - delta-spark's
         """The table under another name in conditions and expressions."""
         if not isinstance(aliasName, str):
             raise ValueError(f"aliasName needs to be a string but got '{type(aliasName)}'.")
-        return TransactionDeltaTable(self._state, aliasName)
+        return TransactionDeltaTable(self._state, aliasName, self._identity)
 
     def toDF(self) -> DataFrame:  # noqa: N802 - delta-spark's name
         """The table as of this batch so far: its version read plus the batch's earlier
-        operations on it."""
+        operations on it. Its Column objects resolve in this object's (and its aliases')
+        operations, as in delta-spark (``sparkside.column_identity``)."""
         state = self._state()
         state.read_whole_table()  # what the batch does with the rows is not known
-        return self._frame(state).drop(FILE, ROW_INDEX)
+        frame = self._frame(state).drop(FILE, ROW_INDEX)
+        self._identity.remember(frame)
+        return frame
 
     def delete(self, condition: str | Column | None = None) -> None:
         """Deletes the rows where ``condition`` is true (all rows without one)."""
@@ -165,7 +172,17 @@ class TransactionDeltaTable:
         """The rows of the files ``touched``, read alone (the rewrite's input)."""
         return self._aliased(state.rows_of(touched))
 
+    def _as_target_of(self, source: DataFrame) -> TransactionDeltaTable:
+        """This object as the target of a MERGE of ``source``: when the source has columns of
+        its ``toDF()`` (a MERGE of the table with a frame made from it), the target reads
+        under new column identities, so those columns name the source's, as in delta-spark
+        (which renews the target's)."""
+        if not self._identity.shared_with(source):
+            return self
+        return TransactionDeltaTable(self._state, self._alias)
+
     def _aliased(self, frame: DataFrame) -> DataFrame:
+        frame = self._identity.applied(frame)
         return frame.alias(self._alias) if self._alias else frame
 
 
@@ -242,9 +259,11 @@ class TransactionMergeBuilder:
         """Runs the MERGE within the batch; returns delta-spark's metrics row
         (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
         _check_clauses(self._clauses)
-        state = self._table._state()
+        table = self._table._as_target_of(self._source)
+        state = table._state()
         state.start()
-        target = self._table._frame(state)
+        target = table._frame(state)
+        _check_attributes(target, self._source, self._condition, self._clauses)
         clauses = _with_targets(self._clauses, target, self._source, state.columns(),
                                 self._schema_evolution)
         if self._schema_evolution:
@@ -255,10 +274,10 @@ class TransactionMergeBuilder:
                           and c.kind != "not_matched_by_source" for p in c.targets.values()])
             if evolving is not None:
                 state.evolve(evolving)
-                target = self._table._frame(state)
+                target = table._frame(state)
         insert_only = all(c.kind == "not_matched" for c in self._clauses)
         with merge_source(self._source, insert_only) as source:
-            metrics = _merge(state, self._table, target, source.frame, self._condition,
+            metrics = _merge(state, table, target, source.frame, self._condition,
                              clauses, _merge_parameters(target, self._source,
                                                         self._condition, clauses),
                              self._schema_evolution)
@@ -333,6 +352,27 @@ def _folded(frame: DataFrame) -> Any:
     jvm = frame.sparkSession._jvm  # noqa: SLF001 - PySpark has no public plan access
     analyzed = frame._jdf.queryExecution().analyzed()  # noqa: SLF001
     return jvm.org.apache.spark.sql.catalyst.optimizer.ConstantFolding.apply(analyzed)
+
+
+def _check_attributes(target: DataFrame, source: DataFrame, condition: Column,
+                      clauses: tuple[_Clause, ...]) -> None:
+    """A MERGE's Column objects resolve on its target and source, as delta-spark resolves
+    them: a column of another DataFrame (another table object's ``toDF()``) fails the MERGE
+    with delta-spark's error class, before anything is read."""
+    values = [c.condition for c in clauses if c.condition is not None] + [
+        v for c in clauses for v in (c.assignments or {}).values()]
+    try:
+        joined = target.join(source, condition, "full_outer")
+        joined.select(*[v.alias(f"v{n}") for n, v in enumerate(values)]).schema  # noqa: B018
+    except Exception as error:  # noqa: BLE001 - Spark's; others are reported by the MERGE
+        spark_class = getattr(error, "getCondition", lambda: None)() or ""
+        if not spark_class.startswith("MISSING_ATTRIBUTES."):
+            return
+        message = str(error).split("] ", 1)[-1].split("\n")[0]
+        raise MergeClauseError(
+            f"[DELTA_MERGE_RESOLVED_ATTRIBUTE_MISSING_FROM_INPUT] {message} In a MERGE, use "
+            "SQL strings, or Column objects of the source and of this table object's (or its "
+            "alias') toDF(); not those of another DataFrame.") from None
 
 
 def _check_clauses(clauses: tuple[_Clause, ...]) -> None:

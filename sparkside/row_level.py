@@ -231,7 +231,7 @@ class RowLevelTable:
         frame = self._without_kept_rows(frame, self.kept_as_read.values())
         by_folder: dict[str, list[str]] = {}
         for path, folder in self.added_folders.items():
-            by_folder.setdefault(folder, []).append(f"{self.table}/{path}")
+            by_folder.setdefault(folder, []).append(path)
         for folder, paths in sorted(by_folder.items()):
             frame = frame.unionByName(self._written(base, folder, paths))
         return frame
@@ -251,7 +251,7 @@ class RowLevelTable:
         by_folder: dict[str, list[str]] = {}
         for spark_path in of_batch:
             path = self._relative(spark_path)
-            by_folder.setdefault(self.added_folders[path], []).append(f"{self.table}/{path}")
+            by_folder.setdefault(self.added_folders[path], []).append(path)
         base = self._base() if by_folder else None
         for folder, paths in sorted(by_folder.items()):
             written = self._written(base, folder, paths)
@@ -261,10 +261,14 @@ class RowLevelTable:
         return frame
 
     def _written(self, base: DataFrame, folder: str, paths: list[str]) -> DataFrame:
-        """The rows of files this batch wrote into ``folder``, in ``base``'s columns, with
+        """The rows of files this batch wrote into ``folder`` (``paths`` relative to the table
+        root, as written: escaped partition values stay escaped), in ``base``'s columns, with
         FILE (a column-mapped table's files are read by physical name)."""
         reader = self.spark.read.option("basePath", spark_uri(folder))
-        files = [spark_uri(p) for p in sorted(paths)]
+        # a Hadoop path names its file literally (no '%' decoded), so the written path is
+        # appended to the table's Spark path as it is, never decoded as a URI would be
+        root = spark_uri(self.table).rstrip("/")
+        files = [f"{root}/{p}" for p in sorted(paths)]
         extra = [F.col("_metadata.file_path").alias(FILE), *self._row_index()]
         if self.mapping is None:
             written = reader.schema(base.schema).parquet(*files)
@@ -598,7 +602,7 @@ class RowLevelTable:
         return len(written)
 
     def _imply_inserts(self, adds: Sequence[AddFileRecord], folder: str) -> None:
-        paths = [f"{self.table}/{a.path}" for a in adds]
+        paths = [a.path for a in adds]
         self.implied.append(self._as_changes(self._written(self._base(), folder, paths), INSERT))
 
     def _as_changes(self, rows: DataFrame, change_type: str) -> DataFrame:

@@ -262,6 +262,63 @@ def test_update_merge_and_delete_of_a_column_mapped_table_equal_delta_spark(  # 
                 for n in schema.names if n in physical} == physical
 
 
+def test_columns_of_to_df_resolve_in_the_tables_operations_as_in_delta_spark(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """Column objects of a table object's ``toDF()`` (taken before or after its earlier
+    operations, of it or of its alias) in a MERGE's condition, clause conditions and
+    assignments, an UPDATE and a DELETE, as delta-spark's ``DeltaTable`` takes them on a copy;
+    Columns of another table object are refused with delta-spark's error classes (and the
+    batch goes on, as delta-spark's table stays unchanged)."""
+    participant = Participant(lake_daemon.target, pipeline_id=f"cols-{lake.name}")
+    ours, theirs = lake / "cols", lake / "cols-reference"
+    make_table(spark, ours, [(1, 10, "eu"), (2, 20, "us"), (3, 30, "ap")], False)
+    shutil.copytree(ours, theirs)
+    source = spark.createDataFrame([(2, 5, "eu"), (4, 40, "us")], SCHEMA)
+    s = source.alias("s")
+
+    def operations(dt, other) -> list[str | None]:  # noqa: ANN001
+        before = dt.toDF()["id"]  # taken before the operations change the table
+        t = dt.alias("t")
+        (t.merge(s, dt.toDF()["id"] == source["id"])
+         .whenMatchedUpdate(condition=t.toDF()["value"] > 0,
+                            set={"value": dt.toDF()["value"] + source["value"]})
+         .whenNotMatchedInsert(values={"id": source["id"], "value": source["value"] * 2,
+                                       "region": F.lit("new")}).execute())
+        dt.update(condition=before == 1, set={"value": dt.toDF().value + 1})
+        t.delete(t.toDF()["id"] == 3)
+        (t.merge(s, t.toDF().id == F.col("s.id"))
+         .whenNotMatchedBySourceUpdate(condition=dt.toDF()["id"] == 1,
+                                       set={"value": before * 100}).execute())
+        # a source made from toDF(): its columns are the source's (delta-spark renews the
+        # target's)
+        mine = dt.toDF().where("id = 1").withColumn("value", F.col("value") + 7)
+        t.merge(mine.alias("m"), "t.id = m.id").whenMatchedUpdateAll().execute()
+        refused = []
+        for operation in (
+                lambda: t.merge(s, other.toDF()["id"] == source["id"])
+                .whenMatchedDelete().execute(),
+                lambda: t.merge(s, "t.id = s.id")
+                .whenMatchedUpdate(set={"value": other.toDF()["value"]}).execute(),
+                lambda: dt.update(other.toDF()["id"] == 1, {"value": F.lit(0)}),
+                lambda: dt.delete(other.toDF()["id"] == 2)):
+            try:
+                operation()
+                refused.append(None)
+            except Exception as error:  # noqa: BLE001 - its class is compared below
+                refused.append(error.getCondition())
+        return refused
+
+    ours_refused = []
+    participant.run_batch(spark.range(1), 0, lambda df, b, txn: ours_refused.extend(
+        operations(txn.delta_table(str(ours)), txn.delta_table(str(ours)))))
+    theirs_refused = operations(DeltaTable.forPath(spark, str(theirs)),
+                                DeltaTable.forPath(spark, str(theirs)))
+    assert table_rows(spark, ours) == table_rows(spark, theirs)
+    assert ours_refused == theirs_refused
+    assert all(theirs_refused), theirs_refused
+    assert RustTable(str(ours)).version() == 1, "the batch's operations are one commit"
+
+
 def test_several_source_rows_matching_one_target_row_fail_naming_it(spark, lake_daemon,
                                                                     lake) -> None:  # noqa: ANN001
     participant = Participant(lake_daemon.target, pipeline_id=f"dup-{lake.name}")

@@ -151,8 +151,9 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     the rows its own operations leave on a copy: partition values whose paths are escaped,
     copy-on-write and merge-on-read UPDATE/DELETE/MERGE (by join keys alone: the find pass
     reads the listing; with other aliases; with a target-only conjunct; after
-    an UPDATE and an append of the same batch), partition overwrites, overwrites, a
-    column-mapped table and schema evolution."""
+    an UPDATE and an append of the same batch), an UPDATE, a MERGE and a DELETE in one batch
+    each reading the files the ones before wrote into escaped partitions (copy-on-write, and
+    merge-on-read after an append), partition overwrites, overwrites."""
     from tests.spark.helpers import run_on_both
 
     participant = Participant(lake_daemon.target, pipeline_id=f"crc-odd-{lake.name}")
@@ -197,8 +198,6 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
          .whenMatchedUpdate(set={"value": "t.value + s.value"}).whenNotMatchedInsertAll()
          .execute())
 
-    # one batch each: an UPDATE then a DELETE of one batch on escaped partitions fails today
-    # (the batch's own files are read back by their unescaped path; left for its own fix)
     for batch_id, operation in enumerate([update, delete, merge_by_keys], start=10):
         run_on_both(spark, participant, batch_id, [operation], source, ours, theirs)
     check(ours, theirs, 4)
@@ -236,7 +235,39 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     check(ours, theirs, 8)
     assert rows(ours) == rows(theirs)
 
-    participant.run_batch(spark.range(1), 17, lambda df, b, txn: txn.write(
+    # several operations of one batch, each reading the files the ones before it wrote into
+    # escaped partitions: an UPDATE, a MERGE updating those rows and inserting into every
+    # partition, a DELETE of rows it inserted
+    inserted = spark.createDataFrame([(0, 5, ODD_REGIONS[0])] + [
+        (80 + i, 80 + i, r) for i, r in enumerate(ODD_REGIONS)], SCHEMA)
+    sequence = [update, merge_by_keys, lambda dt, s: dt.delete("id IN (81, 82, 84, 85)")]
+    run_on_both(spark, participant, 17, sequence, inserted, ours, theirs)
+    check(ours, theirs, 9)
+
+    participant.run_batch(spark.range(1), 18, lambda df, b, txn: txn.write(
         replaced, str(ours), mode="overwrite"))
     replaced.write.format("delta").mode("overwrite").save(str(theirs))
-    check(ours, theirs, 9)
+    check(ours, theirs, 10)
+
+    # the same sequence merge-on-read, after an append of the batch (deletion vectors on the
+    # table's files, the batch's own files rewritten)
+    ours, theirs = lake / "odd-dv", lake / "odd-dv-reference"
+    (spark.createDataFrame([(i + 7 * k, i, r) for k in range(2)  # an even and an odd id a file
+                            for i, r in enumerate(ODD_REGIONS)], SCHEMA).coalesce(1)
+     .write.format("delta").partitionBy("region")
+     .option("delta.enableDeletionVectors", "true").save(str(ours)))
+    shutil.copytree(ours, theirs)
+    appended_rows = [(90 + i, i, r) for i, r in enumerate(ODD_REGIONS)]
+
+    def appended_then_sequence(df, b, txn) -> None:  # noqa: ANN001
+        txn.write(spark.createDataFrame(appended_rows, SCHEMA), str(ours))
+        for operation in sequence:
+            operation(txn.delta_table(str(ours)), inserted)
+
+    participant.run_batch(spark.range(1), 19, appended_then_sequence)
+    spark.createDataFrame(appended_rows, SCHEMA).write.format("delta").mode(
+        "append").save(str(theirs))
+    for operation in sequence:
+        operation(DeltaTable.forPath(spark, str(theirs)), inserted)
+    check(ours, theirs, 1)
+    assert checksum(ours, 1)["numDeletionVectorsOpt"] > 0, "merge-on-read: the UPDATE's vectors"
