@@ -186,14 +186,27 @@ class _State:
         if dv_metrics and self.deleted_histogram is not None:
             crc["deletedRecordCountsHistogramOpt"] = {"deletedRecordCounts":
                                                       self.deleted_histogram}
-        if self.files == 0:  # delta-spark lists the files of an empty version: none
-            crc["allFiles"] = []
-        elif self.all_files is not None and _lists_files(self.metadata, self.files_before,
-                                                         self.files):
-            crc["allFiles"] = list(self.all_files.values())
+        listing = self._exact_listing()
+        # delta-spark lists the files of an empty version (none) whatever its rules; percolake
+        # only where the listing it derived says so too (counts alone can be off: a remove
+        # spelled otherwise than its add leaves the file in the table)
+        if listing is not None and (not listing or _lists_files(
+                self.metadata, self.files_before, self.files)):
+            crc["allFiles"] = listing
         if self.last_manifest_commit is not None:
             crc["lastManifestCommit"] = self.last_manifest_commit
         return crc
+
+
+    def _exact_listing(self) -> list[dict[str, Any]] | None:
+        """The version's files as derived, None unless they add up to the version's count and
+        size (as delta-spark checks its own before listing them)."""
+        if self.all_files is None:
+            return None
+        listed = list(self.all_files.values())
+        if len(listed) != self.files or sum(int(a["size"]) for a in listed) != self.size:
+            return None
+        return listed
 
 
 def _file_key(action: Mapping[str, Any]) -> tuple[str, str]:
