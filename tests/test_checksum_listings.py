@@ -20,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from percolake.lake import compaction
+from percolake.lake.checkpoints import write_checkpoint
 from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.version_checksum import (
     next_checksum,
@@ -234,6 +235,20 @@ def test_an_optimize_of_escaped_partitions_with_vectors_lists_the_replays_files(
     root = tmp_path / "t"
     uri = canonical_table_uri(str(root))
     assert write_checksum(uri, 0, escaped_table_with_vectors(root))
+    # percolake's checkpoint (delta-rs's) of the version: a replay from it holds the files as
+    # listed (path spellings, statistics, tags, vectors); the compaction reads it too
+    write_checkpoint(uri, 0)
+    (checkpoint,) = (root / "_delta_log").glob("*.checkpoint.parquet")
+    from_checkpoint = [{k: v for k, v in row["add"].items() if v is not None}
+                       for row in pq.read_table(checkpoint).to_pylist() if row["add"]]
+    for add in from_checkpoint:
+        add["partitionValues"] = dict(add["partitionValues"])
+        add["tags"] = dict(add["tags"])
+        add["deletionVector"] = {k: v for k, v in add.get("deletionVector", {}).items()
+                                 if v is not None} or None
+    assert as_listed(read_checksum(uri, 0)["allFiles"]) == as_listed(
+        list(replay([[{"add": {k: v for k, v in a.items() if v is not None}}
+                      for a in from_checkpoint]]).values()))
     plan = compaction.plan(uri)
     assert len(plan.groups) == 5
     write = compaction.rewrite(uri, plan, "_percolake/" + "c" * 32)
