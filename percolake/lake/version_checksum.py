@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import uuid
 from bisect import bisect_right
@@ -146,6 +147,8 @@ class _State:
 
     def add(self, add: Mapping[str, Any]) -> None:
         self._count(add, 1)
+        if self.all_files is not None and _absolute(add["path"]):
+            self.all_files = None
         if self.all_files is not None:
             self.all_files[_file_key(add)] = {**add, "dataChange": False}
 
@@ -154,6 +157,8 @@ class _State:
         if remove.get("extendedFileMetadata") is not True or remove.get("size") is None:
             return False
         self._count(remove, -1)
+        if self.all_files is not None and _absolute(remove["path"]):
+            self.all_files = None
         if self.all_files is not None and self.all_files.pop(_file_key(remove), None) is None:
             self.all_files = None  # a file this listing does not hold: the listing is not exact
         return True
@@ -186,14 +191,27 @@ class _State:
         if dv_metrics and self.deleted_histogram is not None:
             crc["deletedRecordCountsHistogramOpt"] = {"deletedRecordCounts":
                                                       self.deleted_histogram}
-        if self.files == 0:  # delta-spark lists the files of an empty version: none
-            crc["allFiles"] = []
-        elif self.all_files is not None and _lists_files(self.metadata, self.files_before,
-                                                         self.files):
-            crc["allFiles"] = list(self.all_files.values())
+        listing = self._exact_listing()
+        # delta-spark lists the files of an empty version (none) whatever its rules; percolake
+        # only where the listing it derived says so too (counts alone can be off: a remove
+        # spelled otherwise than its add leaves the file in the table)
+        if listing is not None and (not listing or _lists_files(
+                self.metadata, self.files_before, self.files)):
+            crc["allFiles"] = listing
         if self.last_manifest_commit is not None:
             crc["lastManifestCommit"] = self.last_manifest_commit
         return crc
+
+
+    def _exact_listing(self) -> list[dict[str, Any]] | None:
+        """The version's files as derived, None unless they add up to the version's count and
+        size (as delta-spark checks its own before listing them)."""
+        if self.all_files is None:
+            return None
+        listed = list(self.all_files.values())
+        if len(listed) != self.files or sum(int(a["size"]) for a in listed) != self.size:
+            return None
+        return listed
 
 
 def _file_key(action: Mapping[str, Any]) -> tuple[str, str]:
@@ -204,6 +222,13 @@ def _file_key(action: Mapping[str, Any]) -> tuple[str, str]:
     if vector.get("offset") is not None:
         unique += f"@{vector['offset']}"
     return action["path"], unique
+
+
+def _absolute(path: str) -> bool:
+    """An absolute path (a URI with a scheme, or from the root). Delta's replay keys a file by
+    its path made canonical, and makes an absolute one fully qualified (``/t/f``, ``file:/t/f``
+    and ``file:///t/f`` are one file to it); only a relative path is keyed as spelled."""
+    return path.startswith("/") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path) is not None
 
 
 def _schema(metadata: Mapping[str, Any]) -> Any:

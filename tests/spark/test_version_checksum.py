@@ -43,6 +43,35 @@ def replayed(spark: SparkSession, table: Path) -> list[tuple]:
                    f.deletionVector.cardinality if f.deletionVector else None) for f in files)
 
 
+def _every_field(add: object) -> tuple:
+    """An AddFile's every field, as delta-spark holds it (no tags and empty tags alike: its
+    reading of a checksum's listing makes the one the other)."""
+    def text(value: object) -> str | None:
+        return None if value is None else str(value)
+
+    tags = add.tags()
+    return (add.path(), text(add.partitionValues()), add.size(), add.modificationTime(),
+            add.dataChange(), add.stats(), None if tags is None or tags.isEmpty() else str(tags),
+            text(add.deletionVector()), text(add.baseRowId()),
+            text(add.defaultRowCommitVersion()), text(add.clusteringProvider()))
+
+
+def listed_as_replayed(spark: SparkSession, table: Path, version: int) -> None:
+    """The newest version's file listing, as delta-spark reads it from the checksum, is its
+    replay of the log in every field of every file (paths, partition values, sizes, times,
+    statistics, tags, deletion vectors, row ids, clustering)."""
+    delta = spark._jvm.org.apache.spark.sql.delta
+    delta.DeltaLog.clearCache()
+    snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
+    assert snapshot.version() == version
+    crc = snapshot.checksumOpt().get()
+    assert crc.allFiles().isDefined(), f"version {version} lists no files"
+    listed = crc.allFiles().get()
+    assert sorted(_every_field(listed.apply(i)) for i in range(listed.size())) == sorted(
+        _every_field(a) for a in snapshot.allFilesViaStateReconstruction().collectAsList()), \
+        version
+
+
 def validated(spark: SparkSession, table: Path, version: int) -> object:
     """delta-spark's snapshot of ``table`` at its newest version, read from its checksum and
     validated against the state it reconstructs from the log (raises on a mismatch)."""
@@ -149,7 +178,7 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     """Each version percolake commits on delta-spark-made tables lists exactly the files
     delta-spark's replay of the log holds, or lists none; delta-spark reads (from that listing)
     the rows its own operations leave on a copy: partition values whose paths are escaped,
-    copy-on-write and merge-on-read UPDATE/DELETE/MERGE (by join keys alone: the find pass
+    copy-on-write UPDATE/DELETE/MERGE (by join keys alone: the find pass
     reads the listing; with other aliases; with a target-only conjunct; after
     an UPDATE and an append of the same batch), an UPDATE, a MERGE and a DELETE in one batch
     each reading the files the ones before wrote into escaped partitions (copy-on-write, and
@@ -168,8 +197,8 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
         if lists is not None:
             assert ("allFiles" in crc) is lists, version
         if "allFiles" in crc:
-            assert listing(crc) == replayed(spark, ours), version
             validated(spark, ours, version)
+            listed_as_replayed(spark, ours, version)
         assert rows(ours) == rows(theirs), version
 
     # a partitioned, copy-on-write table whose partition values need escaping in paths
@@ -177,7 +206,7 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     (spark.createDataFrame([(i, i, r) for i, r in enumerate(ODD_REGIONS)], SCHEMA)
      .write.format("delta").partitionBy("region").save(str(ours)))
     shutil.copytree(ours, theirs)
-    assert "allFiles" in checksum(ours, 0)
+    listed_as_replayed(spark, ours, 0)  # delta-spark's own listing: the comparison holds
     appended = spark.createDataFrame([(10 + i, i, r) for i, r in enumerate(ODD_REGIONS)],
                                      SCHEMA)
     participant.run_batch(spark.range(1), 0, lambda df, b, txn: txn.write(appended, str(ours)))
@@ -271,3 +300,90 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
         operation(DeltaTable.forPath(spark, str(theirs)), inserted)
     check(ours, theirs, 1)
     assert checksum(ours, 1)["numDeletionVectorsOpt"] > 0, "merge-on-read: the UPDATE's vectors"
+
+
+def test_listings_of_merge_on_read_column_mapped_and_evolved_tables_match_delta_sparks_replay(
+        spark, lake_daemon, lake) -> None:  # noqa: ANN001
+    """A partitioned table with deletion vectors and column mapping (name), partition values
+    escaped on disk: percolake's merge-on-read UPDATE, DELETE and MERGE list exactly delta-spark's
+    replay (statistics keyed by physical names, the files again with their new vectors);
+    delta-spark's own commit after percolake's derives its listing from percolake's and it is
+    its replay too; a schema change (merge_schema) and the versions after it list none. Then
+    a column-mapped (id) table's append."""
+    from tests.spark.helpers import run_on_both
+
+    participant = Participant(lake_daemon.target, pipeline_id=f"crc-mor-{lake.name}")
+    delta = spark._jvm.org.apache.spark.sql.delta
+
+    def rows(table: Path) -> list[tuple]:
+        delta.DeltaLog.clearCache()
+        return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
+
+    def check(version: int, *, lists: bool) -> dict:
+        crc = checksum(ours, version)
+        assert ("allFiles" in crc) is lists, version
+        if lists:  # what delta-spark reads from the listing: its copy's rows
+            listed_as_replayed(spark, ours, version)
+            assert rows(ours) == rows(theirs), version
+        return crc
+
+    ours, theirs = lake / "mor", lake / "mor-reference"
+    spark.sql(f"CREATE TABLE delta.`{ours}` ({SCHEMA}) USING delta PARTITIONED BY (region) "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
+              "'delta.columnMapping.mode' = 'name')")
+    (spark.createDataFrame([(10 * i + j, j, r) for i, r in enumerate(ODD_REGIONS)
+                            for j in range(3)], SCHEMA).coalesce(1)
+     .write.format("delta").mode("append").save(str(ours)))
+    shutil.copytree(ours, theirs)
+    first = check(1, lists=True)
+    physical = {f["name"]: f["metadata"]["delta.columnMapping.physicalName"]
+                for f in json.loads(first["metadata"]["schemaString"])["fields"]}
+    source = spark.createDataFrame([(10 * i + 1, 100 + i, r) for i, r in enumerate(ODD_REGIONS)]
+                                   + [(99, 99, "ü")], SCHEMA)
+
+    def update(dt, s) -> None:  # noqa: ANN001
+        dt.update("id % 10 = 0", {"value": "value + 1000"})
+
+    def delete(dt, s) -> None:  # noqa: ANN001
+        dt.delete("id % 10 = 2")
+
+    def merge(dt, s) -> None:  # noqa: ANN001
+        (dt.alias("t").merge(s.alias("s"), "t.id = s.id")
+         .whenMatchedUpdate(set={"value": "t.value + s.value"}).whenNotMatchedInsertAll()
+         .execute())
+
+    for version, (batch_id, operation) in enumerate([(0, update), (1, delete), (2, merge)],
+                                                    start=2):
+        run_on_both(spark, participant, batch_id, [operation], source, ours, theirs)
+        crc = check(version, lists=True)
+        if operation is not merge:  # merge-on-read (the MERGE deletes the files' last rows)
+            assert crc["numDeletionVectorsOpt"] > 0, version
+        for file in crc["allFiles"]:
+            assert set(json.loads(file["stats"])["minValues"]) <= set(physical.values())
+
+    # delta-spark's commit after percolake's: its listing is derived from percolake's
+    for table in (ours, theirs):
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE id = 1")
+    check(5, lists=True)
+
+    # a schema change lists no files, nor do percolake's versions after it
+    wider = spark.createDataFrame([(70, 70, "a b", "new")],
+                                  SCHEMA + ", note string")
+    participant.run_batch(spark.range(1), 3, lambda df, b, txn: txn.write(
+        wider, str(ours), merge_schema=True))
+    check(6, lists=False)
+    participant.run_batch(spark.range(1), 4, lambda df, b, txn: txn.write(wider, str(ours)))
+    check(7, lists=False)
+
+    # column mapping by id: statistics keyed by the physical names
+    ours = lake / "mapped-by-id"
+    spark.sql(f"CREATE TABLE delta.`{ours}` ({SCHEMA}) USING delta "
+              "TBLPROPERTIES ('delta.columnMapping.mode' = 'id')")
+    appended = spark.createDataFrame([(1, 1, "eu"), (2, 2, "ü")], SCHEMA).coalesce(1)
+    participant.run_batch(spark.range(1), 5, lambda df, b, txn: txn.write(appended, str(ours)))
+    crc = checksum(ours, 1)
+    listed_as_replayed(spark, ours, 1)
+    physical = {f["metadata"]["delta.columnMapping.physicalName"]
+                for f in json.loads(crc["metadata"]["schemaString"])["fields"]}
+    (file,) = crc["allFiles"]
+    assert set(json.loads(file["stats"])["minValues"]) == physical
