@@ -44,17 +44,16 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 # Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker, one
 # test after another. Spark runs in three lanes: two of tests sharing a local SparkSession (one
-# session per worker; the modules split between them by their CPU and wall times measured one
-# test at a time: about 315 CPU-seconds each), and the tests that run Spark drivers as child
+# session per worker; the modules split between them by their CPU-seconds, measured with
+# ``-p tests.cpu_accounting``: about 360 each), and the tests that run Spark drivers as child
 # processes or use the standalone cluster (each driver a JVM: more of them at once only fight
-# over the cores). The tests of a module that use a
-# module-scoped fixture (a daemon) share a worker too; every other test goes to whichever
-# worker is free.
+# over the cores). The tests of a module that use a module-scoped fixture (a daemon) share a
+# worker too; every other test goes to whichever worker is free.
 SPARK_SESSION_GROUP = "spark-session"
 SECOND_SPARK_SESSION_GROUP = "spark-session-2"
 SECOND_SPARK_SESSION_MODULES = frozenset({
     "test_row_level", "test_checkpoint_reads", "test_merge_schema_evolution",
-    "test_table_rules", "test_nested_fields", "test_writer"})
+    "test_table_rules", "test_nested_fields", "test_writer", "test_row_level_cdf"})
 S3_STORES_GROUP = "s3-stores"
 SPARK_DRIVERS_GROUP = "spark-drivers"
 _SHARED_SCOPES = ("module", "class", "package")

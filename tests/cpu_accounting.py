@@ -72,6 +72,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
     if not _spent:
         return
-    terminalreporter.section(f"CPU-seconds (with child processes), {sum(_spent.values()):.0f} in all")
+    total = sum(_spent.values())
+    terminalreporter.section(f"CPU-seconds (with child processes), {total:.0f} in all")
     for nodeid, spent in sorted(_spent.items(), key=lambda kv: -kv[1])[:25]:
         terminalreporter.write_line(f"{spent:8.1f}  {nodeid}")

@@ -126,20 +126,3 @@ def test_bank_workload_on_a_spark_cluster_through_c2_and_c7_lands_every_batch_on
     assert "balances v1: delta-spark reads 4 rows, deltalake's files hold 5" \
         in damaged.violations[0], damaged.violations
     assert "balances v2:" in damaged.violations[1], damaged.violations
-
-
-def test_coordinator_killed_after_a_durable_commit_c5_and_at_random_c9_under_a_cluster_driver(
-        tmp_path, on_cluster_s3, spark_cluster):  # noqa: ANN001
-    """The coordinator dies right after batch 1's commit record is durable, before its reply
-    (C5's failpoint), then is SIGKILLed twice more at random moments (C9) while the cluster
-    driver writes S3 tables; it is restarted each time on the same data dir and port. The
-    driver rides it out; every acknowledged batch is applied exactly once (I2, I4), timestamps
-    keep rising (I6), and reads stay consistent (I1) through delta-spark and deltalake."""
-    outcome = scenarios.coordinator_crash(
-        tmp_path, "C5+C9", "after-commit-durable-before-reply", batches=4, k=K, sigkills=2,
-        **on_cluster_s3)
-    _assert_clean(outcome, spark_cluster, tmp_path)
-    assert outcome.notes["driver_rc"] == 0, outcome.notes
-    assert outcome.notes["sigkills"] >= 1, outcome.notes
-    assert outcome.notes["coordinator_restarts"] >= 1 + outcome.notes["sigkills"], outcome.notes
-    assert outcome.report.batches_verified == 4, outcome.summary()
