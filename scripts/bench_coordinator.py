@@ -19,7 +19,8 @@ wait on each other. The load generator (``_coordinator_load.py``) keeps every tr
 for the daemon (its files exist with their stated sizes, its Delta log entries are delta-rs's)
 and its own CPU low, since it shares the cores: each transaction's files are made before the
 measured window and moved into its attempt folder with one rename per table once Open names
-it; requests are built once per pipeline; log entries are rendered without a JSON encoder. The same run measures the machine's own limits side by side: fsync latency
+it; requests are built once per pipeline; log entries are rendered without a JSON encoder.
+The same run measures the machine's own limits side by side: fsync latency
 of a file in the daemon's data dir and the round trip and throughput of a bare gRPC health
 Check (trivial servers in other processes, one on a thread pool and one on grpc.aio, and the
 daemon's own health service; the thread-pool echo at every closed-loop level, since a server's
