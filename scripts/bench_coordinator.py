@@ -15,7 +15,12 @@ Load generators in separate processes (threads inside each) drive whole transact
 
 Each load-generator thread is one pipeline (registered with an epoch and a query id, as a Spark
 driver is) writing its own 3 tables, so the coordinator's table holds never make two threads
-wait on each other. The same run measures the machine's own limits side by side: fsync latency
+wait on each other. The load generator (``_coordinator_load.py``) keeps every transaction real
+for the daemon (its files exist with their stated sizes, its Delta log entries are delta-rs's)
+and its own CPU low, since it shares the cores: each transaction's files are made before the
+measured window and moved into its attempt folder with one rename per table once Open names
+it; requests are built once per pipeline; log entries are rendered without a JSON encoder.
+The same run measures the machine's own limits side by side: fsync latency
 of a file in the daemon's data dir and the round trip and throughput of a bare gRPC health
 Check (trivial servers in other processes, one on a thread pool and one on grpc.aio, and the
 daemon's own health service; the thread-pool echo at every closed-loop level, since a server's
@@ -48,7 +53,6 @@ ms), beside the echo's round trip p99 for as many calls.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import multiprocessing as mp
 import os
@@ -58,259 +62,32 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _benchlib as bl  # noqa: E402
+from _coordinator_load import (  # noqa: E402
+    RPCS,
+    own_cpu_in_window,
+    prepared_per_thread,
+    worker,
+)
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
-from percolake.records import delta_app_id  # noqa: E402
 
-SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
-    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
-    {"name": "amount", "type": "double", "nullable": True, "metadata": {}},
-    {"name": "day", "type": "string", "nullable": True, "metadata": {}},
-]})
-# "path": the calls a batch waits for before it can go on (Open, Prewrite, Commit), per txn
-RPCS = ("open", "prewrite", "commit", "report", "path")
 CALLS_PER_TXN = {"4rpc": 4, "3rpc": 3, "2rpc": 2}
 CPU_GOAL_MS = 2.0  # issue 18: daemon CPU per committed transaction
 CPU_FLOOR_GOAL = 2.0  # issue 33: daemon CPU per txn <= 2x the bare gRPC CPU of its calls
 ECHO_RATIO_GOAL = 0.3  # issue 33: the daemon's RPC/s >= 0.3x the bare echo's calls/s
 PATH_P99_GOAL_MS = 5.0  # issue 33: the coordinator's share of a local batch, p99
+# a level's load processes: spawn, imports, RegisterPipeline and the files made ahead
+# (_coordinator_load) before its clock starts
+SPAWN_MARGIN_S = 4.0
 
 
-# ---------------------------------------------------------------------------- load generators
-
-
-def _own_cpu_in_window(t_begin: float, t_end: float) -> Callable[[], float]:
-    """Samples this process's CPU seconds (user + system, every thread) at the monotonic times
-    ``t_begin`` and ``t_end`` on a thread of its own; the returned call waits for both and
-    gives the difference: what a load generator spent in the measured window."""
-    marks: list[float] = []
-
-    def sample() -> None:
-        for when in (t_begin, t_end):
-            time.sleep(max(0.0, when - time.monotonic()))
-            times = os.times()
-            marks.append(times.user + times.system)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-
-    def spent() -> float:
-        sampler.join()
-        return marks[1] - marks[0]
-
-    return spent
-
-
-DATA_FILE_SIZE = 123_456
-
-
-class DataFiles:
-    """The batches' data files of one load process: hard links to a sparse file of
-    DATA_FILE_SIZE bytes in the warehouse. The executors' writing of the files is not the
-    coordinator's work and runs on other machines in a real job; creating a sized file here
-    costs ~10x a link (more with other I/O on the machine), CPU the load would take from the
-    daemon's cores."""
-
-    def __init__(self, warehouse: str) -> None:
-        self._prefix = f"{warehouse}/.data-file-{os.getpid()}"
-        self._lock = threading.Lock()
-        self._count = 0
-        self._template = self._new_template()
-
-    def _new_template(self) -> str:
-        path = f"{self._prefix}-{self._count}"
-        with open(path, "wb") as data:
-            data.truncate(DATA_FILE_SIZE)
-        return path
-
-    def create(self, path: str) -> None:
-        template = self._template
-        try:
-            os.link(template, path)
-        except OSError as exc:
-            if exc.errno != errno.EMLINK:
-                raise
-            with self._lock:  # the file system's limit of links to one file: a new template
-                if self._template == template:
-                    self._count += 1
-                    self._template = self._new_template()
-            os.link(self._template, path)
-
-
-def _writes(pb, tables: list[str], txn_id: str, files: int, batch_id: int,  # noqa: ANN001
-            data_files: DataFiles) -> list:
-    """The batch's write intents; each file exists (of the stated size) where the executors
-    would have written it, since Commit checks every file (one stat each)."""
-    stats = json.dumps({"numRecords": 1000, "minValues": {"id": batch_id * 1000},
-                        "maxValues": {"id": batch_id * 1000 + 999}, "nullCount": {"id": 0}})
-    writes = [pb.TableWrite(
-        table=table, mode=pb.APPEND, schema_json=SCHEMA_JSON,
-        add_files=[pb.AddFile(path=f"_percolake/{txn_id}/part-{i:05d}-{uuid.uuid4().hex}.parquet",
-                              size=DATA_FILE_SIZE, modification_time=int(time.time() * 1000),
-                              stats=stats) for i in range(files)])
-        for table in tables]
-    for write in writes:
-        os.makedirs(f"{write.table}/_percolake/{txn_id}", exist_ok=True)
-        for add in write.add_files:
-            data_files.create(f"{write.table}/{add.path}")
-    return writes
-
-
-def _delta_commit(writes: list, txn_id: str, app_id: str, batch_id: int,  # noqa: ANN001
-                  version: int) -> None:
-    """Each table's Delta log entry at ``version``, as the participant's delta-rs commit writes
-    it (commitInfo naming the transaction, the app transaction, the adds; protocol and metadata
-    at version 0): ReportApplied checks the entry it is told about."""
-    now = int(time.time() * 1000)
-    for write in writes:
-        actions = [{"commitInfo": {"timestamp": now, "operation": "WRITE",
-                                   "percolake.txn_id": txn_id}},
-                   {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now}}]
-        if version == 0:
-            actions += [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
-                        {"metaData": {"id": str(uuid.uuid4()),
-                                      "format": {"provider": "parquet", "options": {}},
-                                      "schemaString": SCHEMA_JSON, "partitionColumns": [],
-                                      "configuration": {}, "createdTime": now}}]
-        actions += [{"add": {"path": add.path, "size": add.size, "partitionValues": {},
-                             "modificationTime": add.modification_time, "dataChange": True,
-                             "stats": add.stats}} for add in write.add_files]
-        log = f"{write.table}/_delta_log"
-        os.makedirs(log, exist_ok=True)
-        with open(f"{log}/{version:020d}.json", "x") as entry:
-            entry.write("\n".join(json.dumps(a) for a in actions) + "\n")
-
-
-def _one_txn(stub, pb, mode: str, pipeline: str, epoch: int, query_id: str,  # noqa: ANN001
-             tables: list[str], files: int, batch_id: int, lat: dict[str, list[float]],
-             log: dict[str, int], data_files: DataFiles) -> None:
-    """One transaction; RPC latencies exclude the load generator's own file and log writes."""
-    pc = time.perf_counter
-    t0 = pc()
-    open_req = pb.OpenTransactionRequest(pipeline_id=pipeline, batch_id=batch_id, epoch=epoch,
-                                         query_id=query_id)
-    if mode != "4rpc":
-        open_req.tables.extend(tables)
-    if mode == "2rpc" and log.get("pending") is not None:
-        open_req.applied_reports.append(log["pending"])
-    reply = stub.OpenTransaction(open_req, timeout=60)
-    t1 = pc()
-    log["pending"] = None  # reported with this Open
-    txn_id = reply.transaction.txn_id
-    writes = _writes(pb, tables, txn_id, files, batch_id, data_files)
-    if mode == "4rpc":
-        t1w = pc()
-        stub.Prewrite(pb.PrewriteRequest(txn_id=txn_id, epoch=epoch, writes=writes), timeout=60)
-        t2 = pc()
-        commit = stub.CommitTransaction(
-            pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables), timeout=60)
-    else:
-        t1w = t2 = pc()
-        commit = stub.CommitTransaction(
-            pb.CommitTransactionRequest(txn_id=txn_id, epoch=epoch, tables=tables, writes=writes),
-            timeout=60)
-    t3 = pc()
-    assert commit.transaction.state == pb.COMMITTED, commit.transaction
-    version = log["version"]
-    log["version"] += 1
-    _delta_commit(writes, txn_id, log["app_id"], batch_id, version)
-    applied = [pb.AppliedTable(table=t, delta_version=version) for t in tables]
-    t3w = pc()
-    if mode == "2rpc":  # the next Open carries it
-        log["pending"] = pb.AppliedReport(txn_id=txn_id, tables=applied)
-    else:
-        stub.ReportApplied(pb.ReportAppliedRequest(txn_id=txn_id, epoch=epoch, tables=applied),
-                           timeout=60)
-        lat["report"].append(pc() - t3w)
-    lat["open"].append(t1 - t0)
-    if mode == "4rpc":
-        lat["prewrite"].append(t2 - t1w)
-    lat["commit"].append(t3 - t2)
-    lat["path"].append((t1 - t0) + (t2 - t1w) + (t3 - t2))
-
-
-def _worker(target: str, mode: str, proc: int, threads: int, warehouse: str, files: int,
-            t_measure: float, t_end: float, rate_per_thread: float, out: mp.Queue) -> None:
-    """One load-generator process: ``threads`` pipelines, each one transaction at a time."""
-    import grpc
-
-    from percolake.v1 import coordinator_pb2 as pb
-    from percolake.v1 import coordinator_pb2_grpc as pb_grpc
-
-    channel = grpc.insecure_channel(target)
-    stub = pb_grpc.CoordinatorStub(channel)
-    results: list[dict] = []
-    data_files = DataFiles(warehouse)
-    own_cpu = _own_cpu_in_window(t_measure, t_end)
-
-    def run(thread: int) -> None:
-        pipeline = f"bench-{uuid.uuid4().hex[:8]}-{proc}-{thread}"
-        query_id = str(uuid.uuid4())
-        epoch = stub.RegisterPipeline(pb.RegisterPipelineRequest(
-            pipeline_id=pipeline, query_id=query_id), timeout=60).epoch
-        tables = [f"{warehouse}/{pipeline}/table_{k}" for k in range(3)]
-        log = {"version": 0, "app_id": delta_app_id(pipeline, 0)}
-        lat: dict[str, list[float]] = {name: [] for name in (*RPCS, "txn")}
-        committed = errors = 0
-        batch_id = 0
-        interval = 1.0 / rate_per_thread if rate_per_thread else 0.0
-        scheduled = time.monotonic() + (interval * thread / max(1, threads) if interval else 0)
-        while True:
-            if interval:
-                now = time.monotonic()
-                if scheduled > now:
-                    time.sleep(scheduled - now)
-                start = scheduled
-                scheduled += interval
-            else:
-                start = time.monotonic()
-            if start >= t_end:
-                break
-            one: dict[str, list[float]] = {name: [] for name in RPCS}
-            try:
-                _one_txn(stub, pb, mode, pipeline, epoch, query_id, tables, files, batch_id, one,
-                         log, data_files)
-            except grpc.RpcError as exc:
-                errors += 1
-                if errors <= 3:
-                    print(f"worker {proc}/{thread}: {exc.code().name}: {exc.details()}",
-                          file=sys.stderr)
-                batch_id += 1
-                continue
-            end = time.monotonic()
-            batch_id += 1
-            if t_measure <= end <= t_end:  # completed in the window (open loop: may start late)
-                committed += 1
-                for name in RPCS:
-                    lat[name].extend(one[name])
-                lat["txn"].append(end - start)
-        pending = log.get("pending")
-        if pending is not None:  # 2rpc: the last transaction's report, after the window
-            stub.ReportApplied(pb.ReportAppliedRequest(txn_id=pending.txn_id, epoch=epoch,
-                                                       tables=pending.tables), timeout=60)
-        results.append({"lat": lat, "committed": committed, "errors": errors})
-
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    channel.close()
-    merged: dict = {"lat": {name: [] for name in (*RPCS, "txn")}, "committed": 0, "errors": 0,
-                    "cpu_s": own_cpu()}
-    for r in results:
-        for name, values in r["lat"].items():
-            merged["lat"][name].extend(values)
-        merged["committed"] += r["committed"]
-        merged["errors"] += r["errors"]
-    out.put(merged)
+# ---------------------------------------------------------------------------- load
 
 
 def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processes: int,
@@ -322,13 +99,14 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
     procs = max(1, min(processes, concurrency))
     per_proc = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
     queue: mp.Queue = ctx.Queue()
-    spawn_margin = 3.0  # spawn + imports + RegisterPipeline before the clock starts
-    t_start = time.monotonic() + spawn_margin
+    t_start = time.monotonic() + SPAWN_MARGIN_S
     t_measure = t_start + warmup_s
     t_end = t_measure + duration_s
     rate_per_thread = rate / concurrency if rate else 0.0
-    children = [ctx.Process(target=_worker, args=(target, mode, i, n, warehouse, files,
-                                                  t_measure, t_end, rate_per_thread, queue))
+    prepared = prepared_per_thread(rate, concurrency, duration_s)
+    children = [ctx.Process(target=worker, args=(target, mode, i, n, warehouse, files,
+                                                 t_measure, t_end, rate_per_thread, prepared,
+                                                 queue))
                 for i, n in enumerate(per_proc)]
     for child in children:
         child.start()
@@ -343,11 +121,12 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
     for child in children:
         child.join(timeout=60)
     lat: dict[str, list[float]] = {name: [] for name in (*RPCS, "txn")}
-    committed = errors = 0
+    committed = errors = unprepared = 0
     load_cpu_s = 0.0
     for part in parts:
         committed += part["committed"]
         errors += part["errors"]
+        unprepared += part["unprepared"]
         load_cpu_s += part["cpu_s"]
         for name, values in part["lat"].items():
             lat[name].extend(values)
@@ -360,6 +139,8 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
         "daemon_cpu_ms_per_txn": (cpu1 - cpu0) * 1e3 / max(1, committed),
         # the load generators' own CPU (files, log entries, gRPC client) on the same cores
         "load_cpu_ms_per_txn": load_cpu_s * 1e3 / max(1, committed),
+        # transactions of the window whose files the load made then (none made ahead was left)
+        "load_txns_unprepared": unprepared,
         "store_cpu_ms_per_txn": (sum(store1.get(p, c) - c for p, c in store0.items())
                                  * 1e3 / max(1, committed)) if pids else float("nan"),
         "machine_cpu_busy": machine_share,
@@ -445,7 +226,7 @@ def _echo_client(target: str, threads: int, t_begin: float, t_end: float,
     stub = health_pb2_grpc.HealthStub(channel)
     stub.Check(health_pb2.HealthCheckRequest(), timeout=30, wait_for_ready=True)
     counts: list[int] = []
-    own_cpu = _own_cpu_in_window(t_begin, t_end)
+    own_cpu = own_cpu_in_window(t_begin, t_end)
 
     def run() -> None:
         n = 0
@@ -727,7 +508,7 @@ def measure_store(kind: str, args: argparse.Namespace, work: Path, levels: list[
                     profiler = None
                     if profile and level == max(levels) and mode == modes[-1]:
                         profiler = start_profiler(args.profile, pid, Path(args.profile_out),
-                                                  3.0 + args.warmup + duration)
+                                                  SPAWN_MARGIN_S + args.warmup + duration)
                     run = run_load(daemon.target, pid, mode, level, args.processes,
                                    str(warehouse), args.files, args.warmup, duration,
                                    store_pids=store.pids)
