@@ -202,7 +202,6 @@ class _State:
             crc["lastManifestCommit"] = self.last_manifest_commit
         return crc
 
-
     def _exact_listing(self) -> list[dict[str, Any]] | None:
         """The version's files as derived, None unless they add up to the version's count and
         size (as delta-spark checks its own before listing them)."""
