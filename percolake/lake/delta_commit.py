@@ -340,12 +340,13 @@ def _put_own_entry(table: DeltaTable, table_uri: str, entry: list[dict], point: 
                                      table.metadata().configuration):
         entry = in_commit_timestamps.stamped(
             entry, in_commit_timestamps.previous_timestamp(table_uri, version - 1), now_ms())
-    if not put_entry(table_uri, version, entry):
+    content = entry_bytes(entry)
+    if not put_entry(table_uri, version, content):
         return None
     fail_point(f"after-{point}", batch)
     record_checksum(table_uri, version, entry, entry[0]["commitInfo"].get(TXN_ID_KEY))
     if isinstance(table, KeptTable):  # a table of no cache is dropped by the caller
-        table.advance_own(version, entry_bytes(entry))
+        table.advance_own(version, content)
     return version
 
 

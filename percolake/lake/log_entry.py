@@ -123,9 +123,10 @@ def entry_bytes(actions: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
 
 
-def put_entry(table_uri: str, version: int, actions: list[dict[str, Any]]) -> bool:
-    """Writes the log entry of ``version`` unless one exists; False if one does."""
-    text = entry_bytes(actions)
+def put_entry(table_uri: str, version: int, actions: list[dict[str, Any]] | bytes) -> bool:
+    """Writes the log entry of ``version`` unless one exists; False if one does. ``actions``
+    may come already encoded (``entry_bytes``)."""
+    text = actions if isinstance(actions, bytes) else entry_bytes(actions)
     if is_object_store(table_uri):
         return storage.put_object_if_absent(
             f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json", text)

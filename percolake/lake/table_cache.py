@@ -278,14 +278,15 @@ class DeltaTables:
 
     def _advanced(self, table: str, kept: tuple[KeptTable, int, FileId]) -> KeptTable | None:
         held, version, file_id = kept
+        on_store = is_object_store(table)
         try:
-            if is_object_store(table):  # the held entry and the next at once: one round trip
+            if on_store:  # the held entry and the next at once: one round trip
                 base, after = self.entries.entries(table, [version, version + 1])
             else:
                 base, after = self.entries.entry(table, version), None
             if base is None or base.file_id != file_id:
                 return None  # the log was replaced under it: load it again
-            if after is not None or not is_object_store(table):
+            if after is not None or not on_store:  # on a store, no next entry: nothing new
                 held.update_incremental(after)
         except (DeltaError, OSError):
             return None

@@ -147,21 +147,30 @@ class _State:
 
     def add(self, add: Mapping[str, Any]) -> None:
         self._count(add, 1)
-        if self.all_files is not None and _absolute(add["path"]):
-            self.all_files = None
-        if self.all_files is not None:
-            self.all_files[_file_key(add)] = {**add, "dataChange": False}
+        key = self._listing_key(add)
+        if key is not None:
+            self.all_files[key] = {**add, "dataChange": False}
 
     def remove(self, remove: Mapping[str, Any]) -> bool:
         """False for a remove that does not carry its size (its file's state is unknown)."""
         if remove.get("extendedFileMetadata") is not True or remove.get("size") is None:
             return False
         self._count(remove, -1)
-        if self.all_files is not None and _absolute(remove["path"]):
-            self.all_files = None
-        if self.all_files is not None and self.all_files.pop(_file_key(remove), None) is None:
+        key = self._listing_key(remove)
+        if key is not None and self.all_files.pop(key, None) is None:
             self.all_files = None  # a file this listing does not hold: the listing is not exact
         return True
+
+    def _listing_key(self, action: Mapping[str, Any]) -> tuple[str, str] | None:
+        """The key of an add or remove's file in the listing; None where no exact listing is
+        kept: none is known, or the action names its file by an absolute path (the listing
+        is dropped then: see ``_absolute``)."""
+        if self.all_files is None:
+            return None
+        if _absolute(action["path"]):
+            self.all_files = None
+            return None
+        return _file_key(action)
 
     def checksum(self, txn_id: str | None, previous: Mapping[str, Any] | None,
                  added_transactions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
