@@ -35,9 +35,7 @@ def listing(crc: dict) -> list[tuple]:
 
 def replayed(spark: SparkSession, table: Path) -> list[tuple]:
     """The same of the table's newest version, from delta-spark's own replay of its log."""
-    delta = spark._jvm.org.apache.spark.sql.delta
-    delta.DeltaLog.clearCache()
-    snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
+    snapshot = newest_snapshot(spark, table)
     files = DataFrame(snapshot.allFilesViaStateReconstruction().toDF(), spark).collect()
     return sorted((f.path, f.size, f.stats,
                    f.deletionVector.cardinality if f.deletionVector else None) for f in files)
@@ -56,14 +54,23 @@ def _every_field(add: object) -> tuple:
             text(add.defaultRowCommitVersion()), text(add.clusteringProvider()))
 
 
-def listed_as_replayed(spark: SparkSession, table: Path, version: int) -> None:
-    """The newest version's file listing, as delta-spark reads it from the checksum, is its
-    replay of the log in every field of every file (paths, partition values, sizes, times,
-    statistics, tags, deletion vectors, row ids, clustering)."""
+def newest_snapshot(spark: SparkSession, table: Path, version: int | None = None) -> object:
+    """delta-spark's snapshot of ``table``'s newest version, read anew (``version``: which it
+    must be)."""
     delta = spark._jvm.org.apache.spark.sql.delta
     delta.DeltaLog.clearCache()
     snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
-    assert snapshot.version() == version
+    assert version is None or snapshot.version() == version
+    return snapshot
+
+
+def listed_as_replayed(spark: SparkSession, table: Path, version: int,
+                       snapshot: object | None = None) -> None:
+    """The newest version's file listing, as delta-spark reads it from the checksum, is its
+    replay of the log in every field of every file (paths, partition values, sizes, times,
+    statistics, tags, deletion vectors, row ids, clustering); ``snapshot``: that version's,
+    already read."""
+    snapshot = snapshot or newest_snapshot(spark, table, version)
     crc = snapshot.checksumOpt().get()
     assert crc.allFiles().isDefined(), f"version {version} lists no files"
     listed = crc.allFiles().get()
@@ -72,15 +79,16 @@ def listed_as_replayed(spark: SparkSession, table: Path, version: int) -> None:
         version
 
 
-def validated(spark: SparkSession, table: Path, version: int) -> object:
+def validated(spark: SparkSession, table: Path, version: int, *,
+              listing: bool = False) -> object:
     """delta-spark's snapshot of ``table`` at its newest version, read from its checksum and
-    validated against the state it reconstructs from the log (raises on a mismatch)."""
-    delta = spark._jvm.org.apache.spark.sql.delta
-    delta.DeltaLog.clearCache()
-    snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
-    assert snapshot.version() == version
+    validated against the state it reconstructs from the log (raises on a mismatch); with
+    ``listing``, also ``listed_as_replayed`` on the same snapshot (one reconstruction)."""
+    snapshot = newest_snapshot(spark, table, version)
     assert snapshot.checksumOpt().isDefined(), "delta-spark read no checksum of the version"
     assert snapshot.validateChecksum(getattr(snapshot, "validateChecksum$default$1")())
+    if listing:
+        listed_as_replayed(spark, table, version, snapshot)
     return snapshot.checksumOpt().get()
 
 
@@ -197,8 +205,7 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
         if lists is not None:
             assert ("allFiles" in crc) is lists, version
         if "allFiles" in crc:
-            validated(spark, ours, version)
-            listed_as_replayed(spark, ours, version)
+            validated(spark, ours, version, listing=True)
         assert rows(ours) == rows(theirs), version
 
     # a partitioned, copy-on-write table whose partition values need escaping in paths
