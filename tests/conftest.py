@@ -106,6 +106,23 @@ def _tag_node_id(item: pytest.Item, group: str) -> None:
     item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any worker starts: the Spark JVMs' class archive (``tests/jvm_class_archive.py``)
+    for runs that may start JVMs, passed to every JVM through JAVA_TOOL_OPTIONS."""
+    if hasattr(config, "workerinput") or os.environ.get("PERCOLAKE_TEST_JVM_ARCHIVE") == "0":
+        return
+    if "not spark" in (config.option.markexpr or "") or config.option.collectonly:
+        return
+    if "SharedArchiveFile" in os.environ.get("JAVA_TOOL_OPTIONS", ""):
+        return
+    from tests.jvm_class_archive import java_options, start_archive
+
+    archive = start_archive()
+    if archive is not None:
+        os.environ["JAVA_TOOL_OPTIONS"] = \
+            f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {java_options(archive)}".strip()
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # a worker has xdist's ``loadgroup`` flag (its ``dist`` is "no"); a run without -n neither
