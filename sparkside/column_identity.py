@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 
 
 @dataclass
@@ -39,13 +39,15 @@ class ColumnIdentity:
             attribute = output.apply(i)
             self.ids[attribute.name()] = (attribute.exprId(), attribute.dataType().json())
 
-    def shared_with(self, frame: DataFrame) -> bool:
-        """Whether a column of ``frame`` has one of these ids (a frame made from ``toDF()``)."""
+    def shared_with(self, frame: DataFrame) -> frozenset[tuple[int, str]]:
+        """The ids of these that columns of ``frame`` have (a frame made from ``toDF()``);
+        empty when none do."""
         if not self.ids:
-            return False
+            return frozenset()
         ids = {_key(known[0]) for known in self.ids.values()}
         output = _analyzed(frame).output()
-        return any(_key(output.apply(i).exprId()) in ids for i in range(output.size()))
+        return frozenset(key for key in (_key(output.apply(i).exprId())
+                                          for i in range(output.size())) if key in ids)
 
     def applied(self, frame: DataFrame) -> DataFrame:
         """``frame`` with each column this object's ``toDF()`` named under that column's id
@@ -77,6 +79,37 @@ class ColumnIdentity:
         session = frame.sparkSession
         return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(
             session._jsparkSession, project), session)  # noqa: SLF001
+
+
+def named(column: Column, ids: frozenset[tuple[int, str]], spark: SparkSession) -> Column:
+    """``column`` with each attribute whose id is in ``ids`` replaced by its name (with its
+    qualifier), left for analysis to resolve: what delta-spark's MERGE does with the attributes
+    its target and source share, so that one naming both sides is ambiguous, not either's."""
+    jvm = spark._jvm  # noqa: SLF001 - PySpark has no public plan API
+    expression = spark._jsparkSession.expression(column._jc)  # noqa: SLF001
+    rewritten = _named(jvm, expression, ids)
+    if rewritten is None:
+        return column
+    return Column(jvm.org.apache.spark.sql.classic.ExpressionUtils.column(rewritten))
+
+
+def _named(jvm: Any, expression: Any, ids: frozenset[tuple[int, str]]) -> Any:  # noqa: ANN401
+    """``expression`` rewritten by ``named``, or None when nothing in it changes."""
+    if expression.getClass().getSimpleName() == "AttributeReference" \
+            and _key(expression.exprId()) in ids:
+        qualifier = expression.qualifier()
+        parts = [qualifier.apply(i) for i in range(qualifier.size())] + [expression.name()]
+        return jvm.org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute(
+            jvm.scala.jdk.javaapi.CollectionConverters.asScala(parts).toSeq())
+    children = expression.children()
+    rewritten = [_named(jvm, children.apply(i), ids) for i in range(children.size())]
+    if all(child is None for child in rewritten):
+        return None
+    new = jvm.java.util.ArrayList()
+    for i, child in enumerate(rewritten):
+        new.add(children.apply(i) if child is None else child)
+    return expression.withNewChildren(
+        jvm.scala.jdk.javaapi.CollectionConverters.asScala(new).toSeq())
 
 
 def _analyzed(frame: DataFrame) -> Any:  # noqa: ANN401 - a JVM LogicalPlan

@@ -26,7 +26,7 @@ from sparkside.assignments import (
     key_path,
     merge_key_path,
 )
-from sparkside.column_identity import ColumnIdentity
+from sparkside.column_identity import ColumnIdentity, named
 from sparkside.deletion_vector_writes import ROW_INDEX
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
 from sparkside.merge_evolution import evolving_source_schema
@@ -260,11 +260,21 @@ class TransactionMergeBuilder:
         (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
         _check_clauses(self._clauses)
         table = self._table._as_target_of(self._source)
+        condition, clauses = self._condition, self._clauses
+        shared = self._table._identity.shared_with(self._source)
+        if shared:  # as delta-spark: what both sides have is left to analysis by name
+            spark = self._source.sparkSession
+            condition = named(condition, shared, spark)
+            clauses = tuple(replace(
+                c, condition=None if c.condition is None else named(c.condition, shared, spark),
+                assignments=None if c.assignments is None else {
+                    k: named(v, shared, spark) for k, v in c.assignments.items()})
+                for c in clauses)
         state = table._state()
         state.start()
         target = table._frame(state)
-        _check_attributes(target, self._source, self._condition, self._clauses)
-        clauses = _with_targets(self._clauses, target, self._source, state.columns(),
+        _check_attributes(target, self._source, condition, clauses)
+        clauses = _with_targets(clauses, target, self._source, state.columns(),
                                 self._schema_evolution)
         if self._schema_evolution:
             evolving = evolving_source_schema(
@@ -275,11 +285,11 @@ class TransactionMergeBuilder:
             if evolving is not None:
                 state.evolve(evolving)
                 target = table._frame(state)
-        insert_only = all(c.kind == "not_matched" for c in self._clauses)
+        insert_only = all(c.kind == "not_matched" for c in clauses)
         with merge_source(self._source, insert_only) as source:
-            metrics = _merge(state, table, target, source.frame, self._condition,
+            metrics = _merge(state, table, target, source.frame, condition,
                              clauses, _merge_parameters(target, self._source,
-                                                        self._condition, clauses),
+                                                        condition, clauses),
                              self._schema_evolution)
         metrics["materializeSourceTimeMs"] = source.materialize_ms
         state.metrics_update(metrics)

@@ -44,18 +44,23 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
 
 # Under ``-n N --dist loadgroup`` (scripts/test.sh) a group of tests runs on one worker, one
 # test after another. Spark runs in three lanes: two of tests sharing a local SparkSession (one
-# session per worker; the modules split between them by their CPU-seconds, measured with
-# ``-p tests.cpu_accounting``: about 360 each), and the tests that run Spark drivers as child
-# processes or use the standalone cluster (each driver a JVM: more of them at once only fight
-# over the cores). The tests of a module that use a module-scoped fixture (a daemon) share a
+# session per worker), and the tests that run Spark drivers as child processes or use the
+# standalone cluster (each driver a JVM: more of them at once only fight over the cores), with
+# a few shared-session modules in a session of their own. The modules are split between the
+# lanes by their time in a whole run (``--durations``, ``-p tests.cpu_accounting``): about 650 s
+# each on two cores. The tests of a module that use a module-scoped fixture (a daemon) share a
 # worker too; every other test goes to whichever worker is free.
 SPARK_SESSION_GROUP = "spark-session"
 SECOND_SPARK_SESSION_GROUP = "spark-session-2"
 SECOND_SPARK_SESSION_MODULES = frozenset({
-    "test_row_level", "test_checkpoint_reads", "test_merge_schema_evolution",
-    "test_table_rules", "test_nested_fields", "test_writer", "test_row_level_cdf"})
+    "test_row_level", "test_merge_schema_evolution", "test_writer", "test_row_level_cdf"})
 S3_STORES_GROUP = "s3-stores"
 SPARK_DRIVERS_GROUP = "spark-drivers"
+# shared-session modules run in the drivers' lane (whose JVMs map the class archive of
+# tests/jvm_class_archive.py, which left that lane the shortest)
+DRIVERS_LANE_SESSION_MODULES = frozenset({
+    "test_participant_s3", "test_s3_writer", "test_deferred_reports",
+    "test_checkpoint_reads", "test_table_rules", "test_nested_fields"})
 _SHARED_SCOPES = ("module", "class", "package")
 
 
@@ -73,7 +78,10 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group of a test, None for one that may run on any worker (see above)."""
     fixtures = set(getattr(item, "fixturenames", ()))
     if "spark" in fixtures:
-        return (SECOND_SPARK_SESSION_GROUP if _module_of(item) in SECOND_SPARK_SESSION_MODULES
+        module = _module_of(item)
+        if module in DRIVERS_LANE_SESSION_MODULES:
+            return SPARK_DRIVERS_GROUP
+        return (SECOND_SPARK_SESSION_GROUP if module in SECOND_SPARK_SESSION_MODULES
                 else SPARK_SESSION_GROUP)
     if "spark_cluster" in fixtures or (item.get_closest_marker("spark")
                                        and item.get_closest_marker("slow")):

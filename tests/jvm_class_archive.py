@@ -27,9 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A JVM's warnings (an archive it cannot use) go to stderr: spark-submit reads its launcher
-# JVM's stdout as the command to run.
-WARNINGS_TO_STDERR = "-Xlog:disable -Xlog:all=warning:stderr"
+# A JVM's warnings go to stderr (spark-submit reads its launcher JVM's stdout as the command to
+# run), but not those of an archive a JVM cannot use (the launcher's and the cluster's class
+# paths are not the driver's): it runs without, as it would have.
+JVM_WARNINGS = "-Xlog:disable -Xlog:all=warning,cds=off,cds+dynamic=off:stderr"
 
 _APPLICATION = r'''
 import sys, tempfile
@@ -129,4 +130,4 @@ def start_archive() -> Path | None:
 def java_options(archive: Path) -> str:
     """What JAVA_TOOL_OPTIONS gains for every JVM of the suite to map ``archive`` once it exists
     (until then a JVM starts without class sharing, as with ``-Xshare:auto`` it may)."""
-    return f"-XX:SharedArchiveFile={archive} {WARNINGS_TO_STDERR}"
+    return f"-XX:SharedArchiveFile={archive} {JVM_WARNINGS}"

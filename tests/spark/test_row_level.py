@@ -293,8 +293,17 @@ def test_columns_of_to_df_resolve_in_the_tables_operations_as_in_delta_spark(
         # target's)
         mine = dt.toDF().where("id = 1").withColumn("value", F.col("value") + 7)
         t.merge(mine.alias("m"), "t.id = m.id").whenMatchedUpdateAll().execute()
+        # such a source with the condition and assignments in Columns of toDF() and of it:
+        # delta-spark resolves the attributes both sides hold by their names (qualified by
+        # the alias: the target's; bare: ambiguous, refused below)
+        twin = dt.toDF().where("id = 2")
+        (t.merge(twin.alias("w"), t.toDF()["id"] == F.col("w.id"))
+         .whenMatchedUpdate(set={"value": F.col("w.value") + t.toDF()["value"]}).execute())
         refused = []
         for operation in (
+                lambda: t.merge(twin.alias("w"), dt.toDF()["id"] == twin["id"])
+                .whenMatchedUpdate(set={"value": twin["value"] + dt.toDF()["value"]})
+                .execute(),
                 lambda: t.merge(s, other.toDF()["id"] == source["id"])
                 .whenMatchedDelete().execute(),
                 lambda: t.merge(s, "t.id = s.id")
