@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from percolake.errors import FailedPrecondition
@@ -144,6 +143,8 @@ def _newest_checkpoint(table_uri: str, version: int) -> tuple[int, list[str]] | 
 
 
 def _checkpoint_adds(table_uri: str, files: list[str]) -> Iterable[LoggedAdd]:
+    import pyarrow.dataset as pads  # here: it imports pandas (0.2 s of every process's start)
+
     filesystem, _ = _filesystem(table_uri)
     dataset = pads.dataset(files, format="parquet", filesystem=filesystem)
     if "add" not in dataset.schema.names:
