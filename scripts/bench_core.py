@@ -41,7 +41,7 @@ from coordinator.core.state import CoordinatorConfig  # noqa: E402
 from coordinator.leadership import FixedCore  # noqa: E402
 from coordinator.server import _core_builder  # noqa: E402
 from coordinator.servicer import CoordinatorServicer  # noqa: E402
-from coordinator.store import SqliteStore  # noqa: E402
+from coordinator.store import SqliteStore, sqlite  # noqa: E402
 from percolake.v1 import coordinator_pb2 as pb  # noqa: E402
 
 
@@ -103,6 +103,22 @@ def _pipeline(servicer: CoordinatorServicer, warehouse: str, data_files: DataFil
     return LoadPipeline(stub, pb, "2rpc", name, epoch, query_id, warehouse, data_files), stub
 
 
+class _CountedSyncs:
+    """The store's WAL syncs, counted (``sqlite._sync_data`` wrapped)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._sync = sqlite._sync_data
+        sqlite._sync_data = self._counted
+
+    def _counted(self, fd: int) -> None:
+        self.count += 1
+        self._sync(fd)
+
+
+SYNCS = _CountedSyncs()
+
+
 def _serving(work: Path) -> tuple[CoordinatorServicer, object, SqliteStore, str]:
     warehouse = work / "warehouse"
     warehouse.mkdir(parents=True)
@@ -150,6 +166,7 @@ def run_threads(work: Path, txns: int, files: int, threads: int) -> dict:
     process's CPU per transaction in the calls (the load's own work left out) and its context
     switches per transaction."""
     servicer, core, store, warehouse = _serving(work)
+    syncs0 = SYNCS.count
     data_files = DataFiles(warehouse, files)
     warm = max(1, txns // 10)
     pipelines = [_pipeline(servicer, warehouse, data_files) for _ in range(threads)]
@@ -186,7 +203,8 @@ def run_threads(work: Path, txns: int, files: int, threads: int) -> dict:
     count = threads * txns
     return {"cpu_ms": 1000 * (c1 - c0 - sum(load_cpu)) / count,
             "txn_per_s": count / (t1 - t0), "switches_per_txn": (s1 - s0) / count,
-            "group_commits": store.group_commits}
+            "group_commits": store.group_commits,
+            "syncs_per_txn": (SYNCS.count - syncs0) / (threads * (txns + warm))}
 
 
 def main() -> int:
@@ -208,7 +226,8 @@ def main() -> int:
                 print(f"run {i + 1}: {args.threads} threads: CPU per txn {result['cpu_ms']:.3f} "
                       f"ms, {result['txn_per_s']:.0f} txn/s, "
                       f"{result['switches_per_txn']:.1f} context switches per txn, "
-                      f"{result['group_commits']} group commits", flush=True)
+                      f"{result['group_commits']} group commits, "
+                      f"{result['syncs_per_txn']:.2f} WAL syncs per txn", flush=True)
                 continue
             result = run(Path(tmp), args.txns, args.files, profile)
         print(f"run {i + 1}: CPU per txn median {result['cpu_ms']:.3f} ms "

@@ -238,12 +238,17 @@ class SqliteStore(Store):
                 upto = self._ended
                 self._commit_group_or_stop()
             self._sync_wal_or_stop()  # outside the lock: new batches go on meanwhile
-        finally:
+        except BaseException:
             with self._flushed:
                 self._flushing = False
                 self._flushed.notify_all()
+            raise
+        # The waiters are woken once, with what this flush covered already durable: a waiter
+        # woken before (the flush marked over, its batches not yet counted durable) would
+        # take over as the flusher and sync again for nothing.
         with self._flushed:
             self._durable = max(self._durable, upto)
+            self._flushing = False
             self._flushed.notify_all()
 
     def _commit_group_or_stop(self) -> None:
