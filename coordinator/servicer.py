@@ -84,6 +84,7 @@ def _run(servicer: CoordinatorServicer, method: Callable[..., Any], core: Any, r
          context: grpc.ServicerContext) -> tuple[Any, Exception | None]:
     """The reply, or the error to answer with; NotLeader and StoreUnavailable pass through."""
     reply, error = None, None
+    core.begin_reply()
     try:  # the guard checks permissions first and audits refusals (docs/security.md)
         reply = servicer.guard.run(method.__name__, core, request,
                                    functools.partial(method, servicer, core, request, context))
@@ -98,8 +99,9 @@ def _run(servicer: CoordinatorServicer, method: Callable[..., Any], core: Any, r
         log.exception("rpc failed", extra={"rpc": method.__name__})
         error = exc
     # Group commit: whatever this answer rests on (its own writes, or others' it read) is on
-    # stable storage before it leaves (I8). Refusals too.
-    core.wait_durable()
+    # stable storage before it leaves (I8). Refusals too. A commit that flushed as its last
+    # step (and read nothing after) needs no second flush.
+    core.wait_durable_for_reply()
     return reply, error
 
 

@@ -113,10 +113,10 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
     time.sleep(max(0.0, t_measure - time.monotonic()))
     pids = store_pids()
     cpu0, busy0 = bl.cpu_seconds(daemon_pid), bl.machine_busy()
-    store0 = _cpu_of(pids)
+    store0, switches0 = _cpu_of(pids), context_switches(daemon_pid)
     time.sleep(max(0.0, t_end - time.monotonic()))
     cpu1, busy1 = bl.cpu_seconds(daemon_pid), bl.machine_busy()
-    store1 = _cpu_of(pids)
+    store1, switches1 = _cpu_of(pids), context_switches(daemon_pid)
     parts = [queue.get(timeout=120 + duration_s) for _ in children]
     for child in children:
         child.join(timeout=60)
@@ -137,6 +137,8 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
         "txn_per_s": committed / duration_s,
         "daemon_cpu_s_per_s": (cpu1 - cpu0) / duration_s,
         "daemon_cpu_ms_per_txn": (cpu1 - cpu0) * 1e3 / max(1, committed),
+        # the daemon's threads giving up or losing their core (its lock, the GIL, handoffs)
+        "daemon_switches_per_txn": (switches1 - switches0) / max(1, committed),
         # the load generators' own CPU (files, log entries, gRPC client) on the same cores
         "load_cpu_ms_per_txn": load_cpu_s * 1e3 / max(1, committed),
         # transactions of the window whose files the load made then (none made ahead was left)
@@ -146,6 +148,20 @@ def run_load(target: str, daemon_pid: int, mode: str, concurrency: int, processe
         "machine_cpu_busy": machine_share,
         "latency_ms": {name: bl.summary_ms(values) for name, values in lat.items() if values},
     }
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of the threads process ``pid`` has now
+    (the daemon's worker threads live as long as it does)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 def _cpu_of(pids: list[int]) -> dict[int, float]:
@@ -379,7 +395,7 @@ def render(result: dict) -> str:
             level["daemon_cpu_ms_per_txn"],
             level["daemon_cpu_ms_per_txn"] / (rpcs * lim["echo_server_cpu_ms_per_call"]),
             level.get("load_cpu_ms_per_txn", float("nan")),
-            level["daemon_cpu_s_per_s"],
+            level["daemon_cpu_s_per_s"], level.get("daemon_switches_per_txn", float("nan")),
             level["machine_cpu_busy"] * 100, level["errors"]])
     parts.append("\nClosed loop (each load thread runs one transaction after another):\n")
     parts.append(bl.table(
@@ -387,7 +403,8 @@ def render(result: dict) -> str:
          "commit p50", "commit p99", "commit p999", "report p50", "txn p50", "txn p99",
          "txn p999", "commit p50 ÷ fsync p50", "daemon CPU ms/txn",
          "daemon CPU ÷ bare gRPC CPU of its RPCs", "load generators' CPU ms/txn",
-         "daemon cores", "machine busy %", "errors"], rows))
+         "daemon cores", "daemon context switches per txn", "machine busy %", "errors"],
+        rows))
     rows = []
     for level in result["fixed_rate"]:
         lat = level["latency_ms"]
@@ -529,6 +546,8 @@ def measure_store(kind: str, args: argparse.Namespace, work: Path, levels: list[
                           f"  commit p50 {_ms(lat, 'commit', 'p50'):.2f} p99 "
                           f"{_ms(lat, 'commit', 'p99'):.2f} ms  daemon "
                           f"{run['daemon_cpu_ms_per_txn']:.2f} CPU ms/txn  "
+                          f"{run['daemon_switches_per_txn']:.1f} switches/txn  "
+                          f"cores {run['daemon_cpu_s_per_s']:.2f}  "
                           f"errors {run['errors']}", flush=True)
             for mode in modes:
                 for rate in args.rate:

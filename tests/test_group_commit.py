@@ -4,6 +4,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -274,4 +275,56 @@ def test_a_wal_past_its_bound_is_checkpointed_by_the_next_flush(tmp_path):
     assert database.stat().st_size > size
     assert not store._checkpointer.restart_due
     store._checkpointer = None
+    store.close()
+
+
+class _RecordingCondition(threading.Condition):
+    """A Condition that notes what the store shows each time its waiters are woken."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(threading.Lock())
+        self.store = store
+        self.woken_at: list[tuple[int, bool]] = []  # (batches durable, a flush under way)
+
+    def notify_all(self) -> None:
+        self.woken_at.append((self.store._durable, self.store._flushing))
+        super().notify_all()
+
+
+def test_a_flush_wakes_its_waiters_once_with_its_batches_durable_and_syncs_once(
+        tmp_path, monkeypatch):
+    """A caller whose batch the flush under way covers returns with that flush: it is woken
+    only when the batch counts as durable, so it never takes over as the flusher to COMMIT
+    nothing and sync the WAL a second time."""
+    store = SqliteStore(tmp_path, group_commit=True)
+    store._flushed = condition = _RecordingCondition(store)
+    syncing, release = threading.Event(), threading.Event()
+    syncs: list[int] = []
+    real_sync = sqlite._sync_data
+
+    def slow_sync(fd: int) -> None:
+        syncs.append(fd)
+        syncing.set()
+        release.wait(10)
+        real_sync(fd)
+
+    store.insert_txn(txn("a", 1))  # batch 1, covered by the flush below
+    monkeypatch.setattr(sqlite, "_sync_data", slow_sync)
+    flusher = threading.Thread(target=store.flush)
+    flusher.start()
+    assert syncing.wait(10)
+    waiter = threading.Thread(target=store.flush)  # its batch is the flusher's
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not condition._waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert condition._waiters, "the second caller should wait for the flush under way"
+    release.set()
+    flusher.join(10)
+    waiter.join(10)
+    assert not flusher.is_alive() and not waiter.is_alive()
+    assert condition.woken_at == [(1, False)]  # once, batch 1 durable, the flush over
+    assert len(syncs) == 1
+    assert durable_ids(tmp_path) == {"a"}
+    monkeypatch.setattr(sqlite, "_sync_data", real_sync)
     store.close()

@@ -82,12 +82,13 @@ class Applying(CoreState):
                 validation.check_non_negative("delta_version", version)
                 versions[table] = version
             carried[txn_id] = versions
+        records: dict[str, TxnRecord] = {}
         with self._lock:
             pipeline = self._pipelines.get(pipeline_id)
             if pipeline is not None:  # fencing and query id first: a zombie learns nothing
                 self._check_caller(pipeline, epoch, query_id)
             for txn_id in carried:
-                txn = self._get(txn_id)
+                txn = records[txn_id] = self._get(txn_id)
                 if txn.pipeline_id != pipeline_id:
                     raise InvalidArgument(
                         f"an Open of pipeline {pipeline_id!r} carries the applied report of "
@@ -95,14 +96,15 @@ class Applying(CoreState):
                         "an Open carries only its own pipeline's reports (send ReportApplied)")
         canonical = {txn_id: {self._canonical(t): v for t, v in versions.items()}
                      for txn_id, versions in carried.items()}
+        # What to verify, from the records read above (a record is replaced, never changed in
+        # place, when its state changes): a report recorded meanwhile by another call is
+        # verified once more at worst; report_applied decides under the lock what to record.
         unverified: list[tuple[TxnRecord, str, int]] = []
-        with self._lock:
-            for txn_id in carried:
-                txn = self._get(txn_id)
-                if txn.state == TxnState.COMMITTED:
-                    unverified.extend((txn, table, version)
-                                      for table, version in canonical[txn_id].items()
-                                      if table in txn.tables and not txn.tables[table].applied)
+        for txn_id, txn in records.items():
+            if txn.state == TxnState.COMMITTED:
+                unverified.extend((txn, table, version)
+                                  for table, version in canonical[txn_id].items()
+                                  if table in txn.tables and not txn.tables[table].applied)
         # Every report's log entries at once (one round trip on an object store, however many
         # reports and tables), then each report recorded in order as ReportApplied records it;
         # a report that failed its check refuses the Open there, as it did when each report

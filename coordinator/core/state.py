@@ -142,6 +142,9 @@ class CoreState:
         for txn in store.unfinished_txns():
             self._track(txn)
         self._count_transitions = True
+        # per request thread: whether the request's own last step was a flush after which it
+        # read nothing (a commit), so that its reply needs no other (begin_reply)
+        self._reply = threading.local()
         self._stop = threading.Event()
         self._resolver: threading.Thread | None = None
         # committed revisions whose pipeline resets are not made yet: a topology answer makes
@@ -208,6 +211,25 @@ class CoreState:
         every reply (I8), it lets the store commit concurrent requests' writes together."""
         with metrics.FLUSH_SECONDS.time():
             self.store.flush()
+
+    def begin_reply(self) -> None:
+        """Called by the servicer before each call: nothing is flushed for its reply yet."""
+        self._reply.flushed = False
+
+    def _reply_flushed(self) -> None:
+        """Called right after a request's own ``wait_durable`` when its reply rests on
+        nothing read or written after that flush (a commit's own record)."""
+        self._reply.flushed = True
+
+    def wait_durable_for_reply(self) -> None:
+        """``wait_durable`` before a reply (I8), unless the request's last step was its own
+        flush (``_reply_flushed``): flushing again would only wait for other requests'
+        batches ended since, which this reply does not rest on, and split the group commit
+        into more flushes."""
+        if getattr(self._reply, "flushed", False):
+            self._reply.flushed = False
+            return
+        self.wait_durable()
 
     def metrics_view(self) -> tuple[list[tuple[TxnState, int]], list[tuple[str, int]]]:
         """(state, created_ms) of each unfinished transaction and (pipeline, last_commit_ms)

@@ -178,6 +178,8 @@ class Writing(CoreState):
         fail_point("after-commit-durable-before-reply")
         log.info("committed", extra={"txn_id": txn_id, "commit_ts": commit_ts,
                                      "tables": len(updated.tables)})
+        # the reply shows this record alone, durable since the flush above (read nothing since)
+        self._reply_flushed()
         return self._fresh(updated)
 
     def abort(self, txn_id: str, epoch: int | None, reason: str = "") -> TxnRecord:
