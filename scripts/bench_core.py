@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH's
 
 from _coordinator_load import DataFiles, LoadPipeline  # noqa: E402
 
@@ -43,22 +44,7 @@ from coordinator.server import _core_builder  # noqa: E402
 from coordinator.servicer import CoordinatorServicer  # noqa: E402
 from coordinator.store import SqliteStore, sqlite  # noqa: E402
 from percolake.v1 import coordinator_pb2 as pb  # noqa: E402
-
-
-class _Context:
-    """The part of grpc.ServicerContext the servicer touches on a successful call."""
-
-    def abort(self, code: object, details: str) -> None:
-        raise RuntimeError(f"{code}: {details}")
-
-    def set_trailing_metadata(self, metadata: object) -> None:
-        return
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
+from tests.servicer_context import InProcessContext  # noqa: E402
 
 
 class InProcessStub:
@@ -71,7 +57,7 @@ class InProcessStub:
         self._servicer = servicer
         self._profile = profile
         self._clock = clock
-        self._context = _Context()
+        self._context = InProcessContext()
         self.cpu_s = 0.0  # of the calls, on this stub's thread
         self.wall_s = 0.0
 

@@ -6,6 +6,7 @@ from coordinator.leadership import FixedCore
 from coordinator.servicer import CoordinatorServicer
 from coordinator.store import MemoryStore
 from percolake.v1 import coordinator_pb2 as pb
+from tests.servicer_context import InProcessContext
 
 
 class FlushCountingStore(MemoryStore):
@@ -18,26 +19,10 @@ class FlushCountingStore(MemoryStore):
         super().flush()
 
 
-class Context:
-    """What the servicer touches of a grpc.ServicerContext on a call that succeeds."""
-
-    def abort(self, code: object, details: str) -> None:
-        raise AssertionError(f"{code}: {details}")
-
-    def set_trailing_metadata(self, metadata: object) -> None:
-        return
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-
 def test_a_commit_reply_rests_on_its_own_flush_and_every_other_reply_flushes(tmp_path):
     store = FlushCountingStore()
     core = TransactionCoordinator(store, CoordinatorConfig([str(tmp_path)]))
-    servicer, context = CoordinatorServicer(FixedCore(core)), Context()
+    servicer, context = CoordinatorServicer(FixedCore(core)), InProcessContext()
     opened = servicer.OpenTransaction(pb.OpenTransactionRequest(pipeline_id="p", batch_id=0),
                                       context).transaction
     assert store.flushes == 1  # the servicer's, before the Open's reply
