@@ -104,6 +104,18 @@ def start_archive() -> Path | None:
     path = _archive_dir() / f"spark-classes-{key}.jsa"
     if path.is_file():
         return path
+    try:
+        _start_maker(path)
+    except OSError as error:  # no room or no right to write there: run without
+        print(f"percolake tests: no class archive for the JVMs ({error}); they load their "
+              "classes as usual", file=sys.stderr, flush=True)
+        return None
+    print(f"percolake tests: making the JVMs' class archive {path} beside the first tests "
+          "(once per JDK and Spark jars)", file=sys.stderr, flush=True)
+    return path
+
+
+def _start_maker(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob("making-*"):  # a maker killed halfway, an hour ago or more
         if time.time() - stale.stat().st_mtime > 3600:
@@ -122,9 +134,6 @@ def start_archive() -> Path | None:
                           _APPLICATION, str(partial), str(path), str(scratch)],
                          cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                          stderr=subprocess.STDOUT, start_new_session=True)
-    print(f"percolake tests: making the JVMs' class archive {path} beside the first tests "
-          "(once per JDK and Spark jars)", file=sys.stderr, flush=True)
-    return path
 
 
 def java_options(archive: Path) -> str:
