@@ -172,14 +172,11 @@ class TransactionDeltaTable:
         """The rows of the files ``touched``, read alone (the rewrite's input)."""
         return self._aliased(state.rows_of(touched))
 
-    def _as_target_of(self, source: DataFrame) -> TransactionDeltaTable:
-        """This object as the target of a MERGE of ``source``: when the source has columns of
-        its ``toDF()`` (a MERGE of the table with a frame made from it), the target reads
-        under new column identities, so those columns name the source's, as in delta-spark
-        (which renews the target's)."""
-        if not self._identity.shared_with(source):
-            return self
-        return TransactionDeltaTable(self._state, self._alias)
+    def _as_target_of(self, shared: frozenset) -> TransactionDeltaTable:
+        """This object as the target of a MERGE whose source has the columns ``shared`` of its
+        ``toDF()`` (a MERGE of the table with a frame made from it): then the target reads
+        under new column identities, as delta-spark renews the target's."""
+        return TransactionDeltaTable(self._state, self._alias) if shared else self
 
     def _aliased(self, frame: DataFrame) -> DataFrame:
         frame = self._identity.applied(frame)
@@ -259,9 +256,9 @@ class TransactionMergeBuilder:
         """Runs the MERGE within the batch; returns delta-spark's metrics row
         (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
         _check_clauses(self._clauses)
-        table = self._table._as_target_of(self._source)
-        condition, clauses = self._condition, self._clauses
         shared = self._table._identity.shared_with(self._source)
+        table = self._table._as_target_of(shared)
+        condition, clauses = self._condition, self._clauses
         if shared:  # as delta-spark: what both sides have is left to analysis by name
             spark = self._source.sparkSession
             condition = named(condition, shared, spark)

@@ -22,8 +22,11 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 _spent: dict[str, float] = {}
 
 
-def _children_of() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
+def _processes() -> tuple[dict[int, list[int]], dict[int, float]]:
+    """Each process's children and CPU-seconds (with its reaped children's), one pass over
+    ``/proc``."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -31,16 +34,10 @@ def _children_of() -> dict[int, list[int]]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
-def _cpu_of(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / _TICKS  # utime stime cutime cstime
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = sum(int(x) for x in fields[11:15]) / _TICKS  # utime stime cutime cstime
+    return children, cpu
 
 
 def _cpu_now() -> float:
@@ -50,11 +47,12 @@ def _cpu_now() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
-    tree, stack = _children_of(), list(_children_of().get(os.getpid(), []))
+    children, cpu = _processes()
+    stack = list(children.get(os.getpid(), []))
     while stack:
         pid = stack.pop()
-        total += _cpu_of(pid)
-        stack.extend(tree.get(pid, []))
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, []))
     return total
 
 

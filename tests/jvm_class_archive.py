@@ -6,12 +6,13 @@ Spark's ~17,000 classes. A JVM mapping them from an archive made once (JDK's App
 ``-XX:ArchiveClassesAtExit``) loads them pre-parsed and pre-verified: about a third less CPU
 for a driver that starts, writes a Delta table and stops (10.0 -> 6.8 CPU-seconds here).
 
-The archive is made once per JDK and set of Spark jars, in ``~/.cache/percolake`` (or
-``PERCOLAKE_TEST_JVM_ARCHIVE_DIR``), by a small Spark application that writes and streams into
-a Delta table, run beside the suite's first tests; ``PERCOLAKE_TEST_JVM_ARCHIVE=0`` turns it
-off. A JVM whose class path is not the archive's (the cluster's daemons and executors order
-Spark's jars differently) ignores it and loads its classes as before; the JVM's own warnings
-go to stderr, so that nothing reaches a launcher's stdout.
+The archive is made once per JDK and set of Spark jars, in the project's cache
+(``tests/project_cache.py``; ``PERCOLAKE_TEST_JVM_ARCHIVE_DIR`` names another folder), by a
+small Spark application that writes and streams into a Delta table, run beside the suite's
+first tests; ``PERCOLAKE_TEST_JVM_ARCHIVE=0`` turns it off. A JVM whose class path is not the
+archive's (the cluster's daemons and executors order Spark's jars differently) ignores it and
+loads its classes as before; the JVM's own warnings go to stderr, so that nothing reaches a
+launcher's stdout.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tests.project_cache import project_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,17 +83,14 @@ def _fingerprint() -> str | None:
     if java is None or not jars.is_dir():
         return None
     java_bin = Path(java).resolve()
-    parts = [str(java_bin), str(java_bin.stat().st_mtime_ns), str(java_bin.stat().st_size)]
+    java_stat = java_bin.stat()
+    parts = [str(java_bin), str(java_stat.st_mtime_ns), str(java_stat.st_size)]
     parts += sorted(f"{jar.name}:{jar.stat().st_size}" for jar in jars.glob("*.jar"))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def _archive_dir() -> Path:
-    chosen = os.environ.get("PERCOLAKE_TEST_JVM_ARCHIVE_DIR")
-    if chosen:
-        return Path(chosen)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "percolake"
+    return Path(os.environ.get("PERCOLAKE_TEST_JVM_ARCHIVE_DIR") or project_cache())
 
 
 def start_archive() -> Path | None:
@@ -123,9 +123,6 @@ def _start_maker(path: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="making-", dir=path.parent))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    env["JAVA_TOOL_OPTIONS"] = " ".join(  # an archive is made without mapping one
-        option for option in env.get("JAVA_TOOL_OPTIONS", "").split()
-        if not option.startswith("-XX:SharedArchiveFile="))
     partial = scratch / path.name
     script = ('"$1" -c "$2" "$3" && mv "$3" "$4"; status=$?; rm -rf "$5"; '
               'echo "class archive maker exited with $status"; exit $status')

@@ -22,10 +22,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.project_cache import project_cache
 from tests.s3_support import S3ApiServer, end_child, free_port
 
 WEED_ENV = "PERCOLAKE_WEED"
-CACHE_ENV = "PERCOLAKE_CACHE"
 WEED_MODULE = "github.com/seaweedfs/seaweedfs"
 WEED_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"  # a version the Go module proxy serves
 PR_SET_PDEATHSIG = 1
@@ -34,8 +34,7 @@ PR_SET_PDEATHSIG = 1
 def weed_cache_path() -> Path:
     """Where the project's set-up builds ``weed`` (``$PERCOLAKE_CACHE``, default
     ``~/.cache/percolake``; one folder per version)."""
-    cache = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "percolake"
-    return Path(cache) / f"seaweedfs-{WEED_VERSION}" / "weed"
+    return project_cache() / f"seaweedfs-{WEED_VERSION}" / "weed"
 
 
 def weed_binary() -> Path | None:
