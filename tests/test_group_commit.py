@@ -255,8 +255,10 @@ def test_concurrent_flushes_are_checkpointed_in_the_background_and_the_wal_stays
     run_writers(writer, 8)
     assert store._checkpointer.checkpoints > 0
     assert database.stat().st_size > size  # the background passes copied the WAL
-    # 800 rows of a page each were written; the WAL was reused, never held them all
-    assert (tmp_path / "coordinator.db-wal").stat().st_size < 600 * 4096
+    # 800 rows of a page each were written: a WAL never reused takes a frame for every page
+    # of every commit (over 1,900 pages here). How often it restarts depends on when the
+    # background thread gets the CPU, so the bound asserted is the reuse itself
+    assert (tmp_path / "coordinator.db-wal").stat().st_size < 1000 * 4096
     assert len(durable_ids(tmp_path)) == 800
     store.close()
 
