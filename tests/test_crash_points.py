@@ -27,7 +27,7 @@ from tests.crash.checker import Checker, read_versions
 from tests.crash.harness import Scenario
 from tests.crash.rpc import Client, state_name
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def spark_test(fn):  # noqa: ANN001, ANN201 - a test function
