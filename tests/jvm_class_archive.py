@@ -38,20 +38,14 @@ JVM_WARNINGS = "-Xlog:disable -Xlog:all=warning,cds=off,cds+dynamic=off:stderr"
 _APPLICATION = r'''
 import sys, tempfile
 from pathlib import Path
-from pyspark.sql import SparkSession
-from sparkside.session import configure_spark
+from sparkside import local_spark
 from tests.spark_settings import INTERPRETED
 
 archive = sys.argv[1]
-builder = SparkSession.builder
-for key, value in INTERPRETED.items():
-    builder = builder.config(key, value)
-builder = (builder.master("local[1]").appName("percolake-class-archive")
-           .config("spark.ui.enabled", "false")
-           .config("spark.sql.shuffle.partitions", "2")
-           .config("spark.driver.extraJavaOptions",
-                   f"-XX:+UseSerialGC -Xlog:cds=off -XX:ArchiveClassesAtExit={archive}"))
-spark = configure_spark(builder).getOrCreate()
+spark = local_spark("percolake-class-archive", 1, conf={
+    **INTERPRETED, "spark.sql.shuffle.partitions": "2",
+    "spark.driver.extraJavaOptions":
+        f"-XX:+UseSerialGC -Xlog:cds=off -XX:ArchiveClassesAtExit={archive}"})
 root = Path(tempfile.mkdtemp())
 rows = spark.range(100).selectExpr("id", "id % 3 AS k")
 rows.write.format("delta").partitionBy("k").save(str(root / "t"))
