@@ -39,41 +39,5 @@ from sparkside import local_spark; local_spark("percolake-jars", 1, conf).stop()
   fi
   echo "percolake: Spark's jars downloaded in $((SECONDS - started)) s" >&2
 fi
-# SeaweedFS's S3 gateway, the real S3 server the object-store semantic tests run on beside moto
-# (tests/seaweed_support.py): built once per version with Go from the Go module proxy into a
-# cache outside the venv (a few minutes of CPU, niced). Not `go install module@version`: the
-# module's go.mod has a replace directive, which go install refuses; so its source is fetched
-# with `go mod download` and built as the main module. Without Go, or if the build fails, those
-# tests are skipped, saying so. Only the test command asks for it (PERCOLAKE_SETUP_SEAWEEDFS=1):
-# the demo does not wait for a build it does not use.
-if [[ "${PERCOLAKE_SETUP_SEAWEEDFS:-0}" == 1 ]]; then
-weed="$(cd "$ROOT" && "$VENV/bin/python" -c \
-  'from tests.seaweed_support import weed_cache_path as w, WEED_MODULE as m, WEED_VERSION as v
-print(w()); print(f"{m}@{v}")')"
-weed_path="$(sed -n 1p <<<"$weed")"
-weed_module="$(sed -n 2p <<<"$weed")"
-if [[ ! -x "$weed_path" && -z "${PERCOLAKE_WEED:-}" ]]; then
-  if command -v go >/dev/null 2>&1; then
-    echo "percolake: building SeaweedFS ($weed_module) into $weed_path (once, a few minutes)" >&2
-    mkdir -p "$(dirname "$weed_path")"
-    log="$(dirname "$weed_path")/build.log"
-    started=$SECONDS
-    if (set -e
-        source_dir="$(go mod download -json "$weed_module" \
-          | "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
-        cd "$source_dir"
-        GOFLAGS=-buildvcs=false nice -n 10 go build -trimpath -ldflags "-s -w" \
-          -o "$weed_path.partial" ./weed
-        mv "$weed_path.partial" "$weed_path") >"$log" 2>&1; then
-      echo "percolake: SeaweedFS built in $((SECONDS - started)) s" >&2
-    else
-      tail -n 20 "$log" >&2
-      echo "percolake: could not build SeaweedFS (log: $log); its S3 tests will be skipped" >&2
-    fi
-  else
-    echo "percolake: no Go on this machine: the SeaweedFS S3 tests will be skipped" >&2
-  fi
-fi
-fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

@@ -11,7 +11,6 @@ args=()
 for arg in "$@"; do
   if [[ "$arg" == "--quick" ]]; then quick=1; else args+=("$arg"); fi
 done
-export PERCOLAKE_SETUP_SEAWEEDFS=1  # the semantic S3 tests run on SeaweedFS too
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 if (( quick )); then
   ruff check .

