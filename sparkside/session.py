@@ -104,16 +104,23 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
       from the AWS variables or profile (``percolake.lake.storage``), each only where the
       builder has no value of its own. They hold credentials: Spark redacts them in its UI.
 
+    A package whose jar the builder's ``spark.driver.extraClassPath`` already names (an
+    offline machine's copy, as ``artifact-version.jar`` or Ivy's ``org_artifact-version.jar``;
+    ``on_class_path``) is not fetched again: the jars given that way must then hold its
+    dependencies too, and executors on a cluster need them in ``spark.executor.extraClassPath``.
+
     Settings the builder already has are kept: lists (packages, excludes, extensions) are
     extended, ``spark_catalog``, the snapshot partitions and ``spark.pyspark.python`` (or
     ``PYSPARK_PYTHON``) are left as they are. Calling it twice changes nothing the second time.
     """
     options = _options(builder)
     on_object_store = any(is_object_store(u) for u in _uris(warehouse))
-    packages = [delta_package(), *(S3_CONNECTOR if on_object_store else ()), *extra_packages]
-    excludes = [*SPARK_PROVIDED, *(S3_CONNECTOR_EXCLUDES if on_object_store else ())]
-    builder = _extend(builder, options, "spark.jars.packages", packages)
-    builder = _extend(builder, options, "spark.jars.excludes", excludes)
+    wanted = [delta_package(), *(S3_CONNECTOR if on_object_store else ()), *extra_packages]
+    packages = [p for p in wanted if not on_class_path(options, p)]
+    if packages:
+        excludes = [*SPARK_PROVIDED, *(S3_CONNECTOR_EXCLUDES if on_object_store else ())]
+        builder = _extend(builder, options, "spark.jars.packages", packages)
+        builder = _extend(builder, options, "spark.jars.excludes", excludes)
     if on_object_store and not any(k.startswith(S3A_PREFIX) for k in options):
         # the user's own fs.s3a settings win whole: never mix their credentials with ours
         for key, value in hadoop_s3a_options().items():
@@ -129,6 +136,16 @@ def configure_spark(builder: SparkSession.Builder, extra_packages: Iterable[str]
         os.environ["PYSPARK_PYTHON"] = _options(builder)[PYTHON_KEY]
     _announce_first_fetch(_options(builder))
     return builder
+
+
+def on_class_path(options: Mapping[str, str], package: str) -> bool:
+    """Whether ``spark.driver.extraClassPath`` in ``options`` names the jar of the Maven
+    ``package`` (``group:artifact:version``), by its file name."""
+    _, artifact, version = package.split(":")
+    jar = f"{artifact}-{version}.jar"
+    entries = options.get("spark.driver.extraClassPath", "").split(os.pathsep)
+    return any(name == jar or name.endswith(f"_{jar}")
+               for name in (os.path.basename(e.strip()) for e in entries))
 
 
 def snapshot_partitions(master: str) -> int:

@@ -116,19 +116,34 @@ def _tag_node_id(item: pytest.Item, group: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before any worker starts: the Spark JVMs' class archive (``tests/jvm_class_archive.py``)
-    for runs that may start JVMs, passed to every JVM through JAVA_TOOL_OPTIONS."""
+    for runs that may start JVMs, passed to every JVM through JAVA_TOOL_OPTIONS, and the list
+    of jars on their class path (``tests.spark_settings.suite_conf``)."""
     if hasattr(config, "workerinput") or os.environ.get("PERCOLAKE_TEST_JVM_ARCHIVE") == "0":
         return
     if "not spark" in (config.option.markexpr or "") or config.option.collectonly:
         return
     if "SharedArchiveFile" in os.environ.get("JAVA_TOOL_OPTIONS", ""):
         return
-    from tests.jvm_class_archive import java_options, start_archive
+    from tests.jvm_class_archive import class_path_file, java_options, start_archive
+    from tests.spark_settings import CLASS_PATH_ENV
 
     archive = start_archive()
     if archive is not None:
         os.environ["JAVA_TOOL_OPTIONS"] = \
             f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {java_options(archive)}".strip()
+        os.environ[CLASS_PATH_ENV] = str(class_path_file(archive))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A Spark test waits for the class archive being made beside the run (its JVMs and the
+    shared sessions, which live through the run, then start with it)."""
+    from tests.spark_settings import CLASS_PATH_ENV
+
+    listed = os.environ.get(CLASS_PATH_ENV)
+    if listed and item.get_closest_marker("spark"):
+        from tests.jvm_class_archive import wait_until_made
+
+        wait_until_made(Path(listed).with_suffix(".jsa"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups

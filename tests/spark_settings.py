@@ -3,8 +3,34 @@ sessions, the crash suite's drivers and readers, the cluster's applications)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 # The tests' queries are many and their data tiny: generating and compiling Java code for each
 # query (Spark's default) costs more CPU than interpreting it, with the same results (Spark's
 # own tests run in both modes). The suite is CPU-bound on two cores.
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+# The file listing the jars (delta-spark, Hadoop's S3 connector) every JVM of the suite puts on
+# its class path, as the class archive has them (tests/jvm_class_archive.py); set by
+# tests/conftest.py, the file written by the archive's maker
+CLASS_PATH_ENV = "PERCOLAKE_TEST_JVM_CLASS_PATH"
+
+
+def suite_conf(*, s3_connector: bool = False) -> dict[str, str]:
+    """INTERPRETED plus the suite's jars: once the class archive's maker has listed them, on
+    the driver's and executors' class path (``configure_spark`` then fetches no package, and
+    the JVM can map the archive); until then (or with ``PERCOLAKE_TEST_JVM_ARCHIVE=0``)
+    ``configure_spark``'s Maven packages, with ``s3_connector`` Hadoop's S3 connector too."""
+    from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES
+
+    listed = os.environ.get(CLASS_PATH_ENV)
+    if listed and Path(listed).is_file():
+        jars = Path(listed).read_text().strip()
+        return {**INTERPRETED, "spark.driver.extraClassPath": jars,
+                "spark.executor.extraClassPath": jars}
+    if s3_connector:
+        return {**INTERPRETED, "spark.jars.packages": ",".join(S3_CONNECTOR),
+                "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}
+    return dict(INTERPRETED)

@@ -40,10 +40,10 @@ def _event(path: str, **fields: object) -> None:
 def spark_session(app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is imported lazily
     from pyspark.sql import SparkSession
 
-    from tests.spark_settings import INTERPRETED
+    from tests.spark_settings import suite_conf
 
     builder = SparkSession.builder
-    for key, value in INTERPRETED.items():
+    for key, value in suite_conf().items():
         builder = builder.config(key, value)
     return (builder.master("local[1]").appName(app)
             .config("spark.sql.shuffle.partitions", "2")
@@ -60,9 +60,9 @@ def remote_session(lake: str, master: str | None, conf: dict[str, str],
     """The session of a cluster or object-store run: ``local_spark`` on ``master`` (or two
     local cores) with the lake as its warehouse."""
     from sparkside.session import local_spark
-    from tests.spark_settings import INTERPRETED
+    from tests.spark_settings import suite_conf
 
-    settings = {**INTERPRETED, "spark.sql.shuffle.partitions": "2",
+    settings = {**suite_conf(), "spark.sql.shuffle.partitions": "2",
                 "spark.sql.streaming.stateStore.maintenanceInterval": "600s",
                 "spark.driver.extraJavaOptions":
                     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto",

@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from sparkside.session import local_spark
-    from tests.spark_settings import INTERPRETED
+    from tests.spark_settings import suite_conf
 
-    conf = {**INTERPRETED,
+    conf = {**suite_conf(),
             "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
             # tiny tables: one task per log replay and shuffle, not one per core
             "spark.databricks.delta.snapshotPartitions": "1",

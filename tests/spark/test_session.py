@@ -118,6 +118,25 @@ def test_a_warehouse_on_s3_adds_the_s3_connector_and_s3a_settings_from_the_envir
     assert got["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
 
 
+def test_packages_whose_jars_the_driver_class_path_names_are_not_fetched_again(aws_env):
+    group, artifact, version = delta_package().split(":")
+    hadoop_aws = S3_CONNECTOR[0].split(":")
+    on_path = os.pathsep.join([f"/offline/{group}_{artifact}-{version}.jar",  # Ivy's naming
+                               f"/offline/{hadoop_aws[1]}-{hadoop_aws[2]}.jar",  # Maven's
+                               f"/offline/crt-{S3_CONNECTOR[1].split(':')[1]}-9.jar"])
+    builder = SparkSession.builder.config("spark.driver.extraClassPath", on_path)
+    got = options(configure_spark(builder, warehouse="s3a://lake/wh"))
+    assert got["spark.jars.packages"].split(",") == list(S3_CONNECTOR[1:])
+    everything = os.pathsep.join([on_path, *(f"/offline/{p.split(':')[0]}_{p.split(':')[1]}-"
+                                             f"{p.split(':')[2]}.jar" for p in S3_CONNECTOR)])
+    got = options(configure_spark(SparkSession.builder.config(
+        "spark.driver.extraClassPath", everything), warehouse="s3a://lake/wh"))
+    assert "spark.jars.packages" not in got and "spark.jars.excludes" not in got
+    assert got["spark.sql.extensions"] == DELTA_EXTENSION
+    assert not sessions.on_class_path({"spark.driver.extraClassPath": f"/x/crt-{artifact}-"
+                                       f"{version}.jar"}, delta_package())
+
+
 def test_a_local_warehouse_gets_no_s3_connector(aws_env, tmp_path):
     got = options(configure_spark(SparkSession.builder, warehouse=[str(tmp_path)]))
     assert got["spark.jars.packages"] == delta_package()
@@ -260,7 +279,11 @@ def test_the_first_fetch_is_announced_once_and_later_runs_say_nothing(
 def test_the_shared_session_runs_delta_spark_without_spark_provided_duplicates(spark):
     assert DELTA_EXTENSION in spark.conf.get("spark.sql.extensions")
     assert spark.conf.get("spark.sql.catalog.spark_catalog") == DELTA_CATALOG
-    jars = spark.sparkContext.getConf().get("spark.jars").split(",")
+    # the Maven packages Spark resolved, or (tests/spark_settings.suite_conf) the list of them
+    # the class archive's maker had Spark resolve and put on the class path
+    conf = spark.sparkContext.getConf()
+    jars = (conf.get("spark.jars", None) or "").split(",") if conf.contains("spark.jars.packages") \
+        else conf.get("spark.driver.extraClassPath").split(os.pathsep)
     group, artifact, version = delta_package().split(":")
     assert any(j.endswith(f"/{group}_{artifact}-{version}.jar") for j in jars), jars
     provided = [j for j in jars for p in SPARK_PROVIDED if f"/{p.replace(':', '_')}-" in j]
