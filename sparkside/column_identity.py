@@ -21,6 +21,8 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from sparkside.jvm_names import jvm_class
+
 
 @dataclass
 class ColumnIdentity:
@@ -56,9 +58,9 @@ class ColumnIdentity:
             return frame
         plan = _analyzed(frame)
         jvm = frame.sparkSession._jvm  # noqa: SLF001 - PySpark has no public plan API
-        alias = jvm.org.apache.spark.sql.catalyst.expressions.Alias
+        alias = jvm_class(jvm, "org.apache.spark.sql.catalyst.expressions.Alias")
         output = plan.output()
-        projected = jvm.java.util.ArrayList()
+        projected = jvm_class(jvm, "java.util.ArrayList")()
         renamed = False
         for i in range(output.size()):
             attribute = output.apply(i)
@@ -74,10 +76,11 @@ class ColumnIdentity:
                                   for n in (4, 5, 6)]))
         if not renamed:
             return frame
-        columns = jvm.scala.jdk.javaapi.CollectionConverters.asScala(projected).toList()
-        project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project(columns, plan)
+        scala = jvm_class(jvm, "scala.jdk.javaapi.CollectionConverters")
+        project = jvm_class(jvm, "org.apache.spark.sql.catalyst.plans.logical.Project")(
+            scala.asScala(projected).toList(), plan)
         session = frame.sparkSession
-        return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+        return DataFrame(jvm_class(jvm, "org.apache.spark.sql.classic.Dataset").ofRows(
             session._jsparkSession, project), session)  # noqa: SLF001
 
 
@@ -90,7 +93,7 @@ def named(column: Column, ids: frozenset[tuple[int, str]], spark: SparkSession) 
     rewritten = _named(jvm, expression, ids)
     if rewritten is None:
         return column
-    return Column(jvm.org.apache.spark.sql.classic.ExpressionUtils.column(rewritten))
+    return Column(jvm_class(jvm, "org.apache.spark.sql.classic.ExpressionUtils").column(rewritten))
 
 
 def _named(jvm: Any, expression: Any, ids: frozenset[tuple[int, str]]) -> Any:  # noqa: ANN401
@@ -99,17 +102,17 @@ def _named(jvm: Any, expression: Any, ids: frozenset[tuple[int, str]]) -> Any:  
             and _key(expression.exprId()) in ids:
         qualifier = expression.qualifier()
         parts = [qualifier.apply(i) for i in range(qualifier.size())] + [expression.name()]
-        return jvm.org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute(
-            jvm.scala.jdk.javaapi.CollectionConverters.asScala(parts).toSeq())
+        return jvm_class(jvm, "org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")(
+            jvm_class(jvm, "scala.jdk.javaapi.CollectionConverters").asScala(parts).toSeq())
     children = expression.children()
     rewritten = [_named(jvm, children.apply(i), ids) for i in range(children.size())]
     if all(child is None for child in rewritten):
         return None
-    new = jvm.java.util.ArrayList()
+    new = jvm_class(jvm, "java.util.ArrayList")()
     for i, child in enumerate(rewritten):
         new.add(children.apply(i) if child is None else child)
     return expression.withNewChildren(
-        jvm.scala.jdk.javaapi.CollectionConverters.asScala(new).toSeq())
+        jvm_class(jvm, "scala.jdk.javaapi.CollectionConverters").asScala(new).toSeq())
 
 
 def _analyzed(frame: DataFrame) -> Any:  # noqa: ANN401 - a JVM LogicalPlan

@@ -29,6 +29,7 @@ from sparkside.assignments import (
 from sparkside.column_identity import ColumnIdentity, named
 from sparkside.deletion_vector_writes import ROW_INDEX
 from sparkside.errors import MergeClauseError, MultipleSourceRowsMatch
+from sparkside.jvm_names import jvm_class
 from sparkside.merge_evolution import evolving_source_schema
 from sparkside.merge_source import merge_source
 from sparkside.row_level import (
@@ -358,7 +359,7 @@ def _folded(frame: DataFrame) -> Any:
     """The analyzed plan of ``frame`` (a JVM object) with Spark's constant folding applied."""
     jvm = frame.sparkSession._jvm  # noqa: SLF001 - PySpark has no public plan access
     analyzed = frame._jdf.queryExecution().analyzed()  # noqa: SLF001
-    return jvm.org.apache.spark.sql.catalyst.optimizer.ConstantFolding.apply(analyzed)
+    return jvm_class(jvm, "org.apache.spark.sql.catalyst.optimizer.ConstantFolding").apply(analyzed)
 
 
 def _check_attributes(target: DataFrame, source: DataFrame, condition: Column,

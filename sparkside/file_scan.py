@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from percolake.lake.log_entry import log_path
 from percolake.lake.warehouse import spark_uri
+from sparkside.jvm_names import jvm_class
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class FileScan:
     @classmethod
     def at(cls, spark: SparkSession, table_uri: str, version: int) -> FileScan:
         jvm = spark._jvm
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession,
+        log = jvm_class(jvm, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession,
                                                                spark_uri(table_uri))
-        none = jvm.scala.Option.empty()
+        none = jvm_class(jvm, "scala.Option").empty()
         return cls(spark, log, log.getSnapshotAt(version, none, none, False))
 
     def scanned(self, frame: DataFrame) -> dict[str, Any]:
@@ -75,7 +76,8 @@ class FileScan:
         """The ``_metadata.file_path`` Spark gives the rows of the table's file at
         ``relative`` (its real path below the table root): delta-spark's own resolution of a
         log path against the table, URI-encoded as Spark spells file paths."""
-        operations = self.spark._jvm.org.apache.spark.sql.delta.util.DeltaFileOperations
+        operations = jvm_class(self.spark._jvm,
+                               "org.apache.spark.sql.delta.util.DeltaFileOperations")
         return operations.absolutePath(self.log.dataPath().toString(),
                                        log_path(relative)).toUri().toString()
 
@@ -92,8 +94,10 @@ class FileScan:
         """The rows of exactly these files (deletion vectors applied), in the table's
         columns; ``_metadata`` is available as on any file source."""
         jvm = self.spark._jvm
-        files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(add_actions).toList()
-        frame = self.log.createDataFrame(self.snapshot, files, False, jvm.scala.Option.empty())
+        scala = jvm_class(jvm, "scala.jdk.javaapi.CollectionConverters")
+        files = scala.asScala(add_actions).toList()
+        frame = self.log.createDataFrame(self.snapshot, files, False,
+                                         jvm_class(jvm, "scala.Option").empty())
         return DataFrame(frame, self.spark)
 
 

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame
 
 from percolake.lake.read_set import WHOLE_TABLE, Predicate, conjunction, union
 from percolake.lake.warehouse import spark_uri
+from sparkside.jvm_names import jvm_class
 
 EXPRESSIONS = "org.apache.spark.sql.catalyst.expressions."
 DELTA_PACKAGE = "org.apache.spark.sql.delta."
@@ -50,7 +51,7 @@ def read_predicate(frame: DataFrame, table_uri: str, version: int,
 def _scans_predicate(frame: DataFrame, table_uri: str, version: int,
                      partition_columns: list[str]) -> Predicate:
     jvm = frame.sparkSession._jvm
-    scala = jvm.scala.jdk.javaapi.CollectionConverters
+    scala = jvm_class(jvm, "scala.jdk.javaapi.CollectionConverters")
     wanted = _location(spark_uri(table_uri))
     scans: list[Predicate] = []
     for leaf in scala.asJava(frame._jdf.queryExecution().optimizedPlan().collectLeaves()):

@@ -289,3 +289,19 @@ def test_the_shared_session_runs_delta_spark_without_spark_provided_duplicates(s
     provided = [j for j in jars for p in SPARK_PROVIDED if f"/{p.replace(':', '_')}-" in j]
     assert not provided, f"jars PySpark already ships were fetched: {provided}"
     assert spark.sparkContext.pythonExec == sys.executable
+
+
+def test_a_jvm_class_is_found_by_its_full_name_in_one_py4j_lookup(spark, monkeypatch):
+    from sparkside.jvm_names import jvm_class
+
+    client = spark.sparkContext._gateway._gateway_client
+    sent: list[str] = []
+    send = client.send_command
+    monkeypatch.setattr(client, "send_command", lambda command, *a, **k: (
+        sent.append(command), send(command, *a, **k))[1])
+    option = jvm_class(spark._jvm, "scala.Option")
+    assert len(sent) == 1, sent
+    assert option.empty().isEmpty()
+    sent.clear()
+    spark._jvm.scala.Option  # noqa: B018 - Py4J's walk: a lookup at every dot
+    assert len(sent) == 2
