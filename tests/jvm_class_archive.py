@@ -170,15 +170,16 @@ def _start_maker(path: Path) -> None:
     partial = scratch / path.name
     # $1 python, $2 resolve, $3 its partial list, $4 the list, $5 application, $6 its partial
     # archive, $7 the archive, $8 scratch
-    script = ('echo $$ > "$8/pid"; { [ -f "$4" ] || { "$1" -c "$2" "$3" && mv "$3" "$4"; }; } '
+    script = ('{ [ -f "$4" ] || { "$1" -c "$2" "$3" && mv "$3" "$4"; }; } '
               '&& "$1" -c "$5" "$6" && mv "$6" "$7"; status=$?; rm -rf "$8"; '
               'echo "class archive maker exited with $status"; exit $status')
     with open(path.parent / "class-archive.log", "a") as log:
-        subprocess.Popen(["sh", "-c", script, "make-class-archive", sys.executable, _RESOLVE,
-                          str(scratch / listed.name), str(listed), _APPLICATION, str(partial),
-                          str(path), str(scratch)],
-                         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+        arguments = [sys.executable, _RESOLVE, str(scratch / listed.name), str(listed),
+                     _APPLICATION, str(partial), str(path), str(scratch)]
+        maker = subprocess.Popen(["sh", "-c", script, "make-class-archive", *arguments],
+                                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    (scratch / "pid").write_text(str(maker.pid))  # before any worker starts: they wait on it
 
 
 def java_options(archive: Path) -> str:
