@@ -52,14 +52,12 @@ import os, re, sys
 from pathlib import Path
 from pyspark.find_spark_home import _find_spark_home
 from sparkside import local_spark
-from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES
+from tests.spark_settings import s3_connector_packages
 
 def artifact(name):
     return re.split(r"-\d", name, maxsplit=1)[0]
 
-spark = local_spark("percolake-class-path", 1, conf={
-    "spark.jars.packages": ",".join(S3_CONNECTOR),
-    "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)})
+spark = local_spark("percolake-class-path", 1, conf=s3_connector_packages())
 resolved = [j.removeprefix("file://").removeprefix("file:")
             for j in spark.sparkContext.getConf().get("spark.jars").split(",") if j]
 spark.stop()

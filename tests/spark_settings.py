@@ -23,14 +23,17 @@ def suite_conf(*, s3_connector: bool = False) -> dict[str, str]:
     the driver's and executors' class path (``configure_spark`` then fetches no package, and
     the JVM can map the archive); until then (or with ``PERCOLAKE_TEST_JVM_ARCHIVE=0``)
     ``configure_spark``'s Maven packages, with ``s3_connector`` Hadoop's S3 connector too."""
-    from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES
-
     listed = os.environ.get(CLASS_PATH_ENV)
     if listed and Path(listed).is_file():
         jars = Path(listed).read_text().strip()
         return {**INTERPRETED, "spark.driver.extraClassPath": jars,
                 "spark.executor.extraClassPath": jars}
-    if s3_connector:
-        return {**INTERPRETED, "spark.jars.packages": ",".join(S3_CONNECTOR),
-                "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}
-    return dict(INTERPRETED)
+    return {**INTERPRETED, **(s3_connector_packages() if s3_connector else {})}
+
+
+def s3_connector_packages() -> dict[str, str]:
+    """Hadoop's S3 connector as Maven packages (``configure_spark`` adds delta-spark's)."""
+    from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES
+
+    return {"spark.jars.packages": ",".join(S3_CONNECTOR),
+            "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}

@@ -17,13 +17,12 @@ from pyspark.sql.streaming import StreamingQuery
 from percolake import failpoints
 from percolake.lake.storage import hadoop_s3a_options
 from sparkside import Participant, local_spark
-from sparkside.session import S3_CONNECTOR, S3_CONNECTOR_EXCLUDES, first_fetch_notice
-from tests.spark_settings import suite_conf
+from sparkside.session import first_fetch_notice
+from tests.spark_settings import s3_connector_packages, suite_conf
 
 # The shared session carries Hadoop's S3 connector from its start (jars cannot be added later);
 # the S3 tests give it the moto server's settings when they run (``spark_s3``).
-S3_JARS = {"spark.jars.packages": ",".join(S3_CONNECTOR),
-           "spark.jars.excludes": ",".join(S3_CONNECTOR_EXCLUDES)}
+S3_JARS = s3_connector_packages()
 
 
 @pytest.fixture(scope="session")
