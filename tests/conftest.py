@@ -22,10 +22,9 @@ import sys
 # Tests start children (PostgreSQL, Spark workers) while gRPC threads are busy; gRPC's fork
 # handlers are for children that use gRPC, which ours never do (they exec at once).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-# Most of the suite's JVMs (Spark drivers, readers, the cluster's daemons and executors) live
-# seconds to a minute or two, and the suite is CPU-bound on two cores: compiling with C1 alone
-# costs them about a third less CPU than tiered C2 does, for the same results. The shared
-# sessions, which live through the run, compile with C2 (tests.spark_settings.LONG_LIVED).
+# The suite's JVMs (Spark sessions and drivers, the cluster's daemons and executors) live
+# seconds to minutes, and the suite is CPU-bound on two cores: compiling with C1 alone costs
+# them about a third less CPU than tiered C2 does, for the same results.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 from collections.abc import Iterator
 from pathlib import Path

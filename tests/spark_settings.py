@@ -12,12 +12,6 @@ from pathlib import Path
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
-# The shared sessions live through the run (a worker's Spark tests, ~25 minutes on two slow
-# cores): there Java's optimising compiler (tiered C2, over the C1-only default the suite's
-# other, short-lived JVMs take from tests/conftest.py) pays for itself. test_row_level.py's 25
-# tests in one session: 393-399 CPU-s with C2 against 458-494 with C1 alone.
-LONG_LIVED = {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=4"}
-
 # The file listing the jars (delta-spark, Hadoop's S3 connector) every JVM of the suite puts on
 # its class path, as the class archive has them (tests/jvm_class_archive.py); set by
 # tests/conftest.py, the file written by the archive's maker

@@ -18,7 +18,7 @@ from percolake import failpoints
 from percolake.lake.storage import hadoop_s3a_options
 from sparkside import Participant, local_spark
 from sparkside.session import first_fetch_notice
-from tests.spark_settings import LONG_LIVED, s3_connector_packages, suite_conf
+from tests.spark_settings import s3_connector_packages, suite_conf
 
 # The shared session carries Hadoop's S3 connector from its start (jars cannot be added later);
 # the S3 tests give it the moto server's settings when they run (``spark_s3``).
@@ -33,8 +33,7 @@ def spark(pytestconfig: pytest.Config) -> Iterator[SparkSession]:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             print(f"\n{notice}", file=sys.stderr, flush=True)
-    session = local_spark("percolake-tests",
-                          conf={**suite_conf(s3_connector=True), **LONG_LIVED})
+    session = local_spark("percolake-tests", conf=suite_conf(s3_connector=True))
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

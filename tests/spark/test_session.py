@@ -291,19 +291,6 @@ def test_the_shared_session_runs_delta_spark_without_spark_provided_duplicates(s
     assert spark.sparkContext.pythonExec == sys.executable
 
 
-def test_the_shared_session_compiles_with_c2_beside_the_suites_c1_only_jvms(spark):
-    """tests.spark_settings.LONG_LIVED overrides JAVA_TOOL_OPTIONS' C1-only default for the
-    one JVM that lives through the run."""
-    from sparkside.jvm_names import jvm_class
-
-    factory = jvm_class(spark._jvm, "java.lang.management.ManagementFactory")
-    diagnostics = jvm_class(spark._jvm, "java.lang.Class").forName(
-        "com.sun.management.HotSpotDiagnosticMXBean")
-    bean = factory.getPlatformMXBean(diagnostics)
-    assert bean.getVMOption("TieredStopAtLevel").getValue() == "4"
-    assert "TieredStopAtLevel=1" in os.environ.get("JAVA_TOOL_OPTIONS", "")
-
-
 def test_a_jvm_class_is_found_by_its_full_name_in_one_py4j_lookup(spark, monkeypatch):
     from sparkside.jvm_names import jvm_class
 
