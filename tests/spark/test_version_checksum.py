@@ -56,10 +56,16 @@ def _every_field(add: object) -> tuple:
 
 def forget(spark: SparkSession, table: Path) -> None:
     """Drops delta-spark's cached log of ``table`` alone: its next read lists and reads the
-    table from storage (other tables' cached states stay, which clearing every table's cost
-    the listing tests a quarter of their time)."""
+    table from storage. Other tables keep their cached states (clearing every table's made the
+    listing tests rebuild their reference copies too: a quarter of their time)."""
     path = spark._jvm.org.apache.hadoop.fs.Path(str(table))
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.invalidateCache(spark._jsparkSession, path)
+
+
+def rows_anew(spark: SparkSession, table: Path) -> list[tuple]:
+    """The table's rows as delta-spark reads them from storage (``forget``), sorted."""
+    forget(spark, table)
+    return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
 
 
 def newest_snapshot(spark: SparkSession, table: Path, version: int | None = None) -> object:
@@ -219,17 +225,13 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
 
     participant = Participant(lake_daemon.target, pipeline_id=f"crc-odd-{lake.name}")
 
-    def rows(table: Path) -> list[tuple]:
-        forget(spark, table)
-        return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
-
     def check(ours: Path, theirs: Path, version: int, *, lists: bool | None = None) -> None:
         crc = checksum(ours, version)
         if lists is not None:
             assert ("allFiles" in crc) is lists, version
         if "allFiles" in crc:
             validated(spark, ours, version, listing=True)
-        assert rows(ours) == rows(theirs), version
+        assert rows_anew(spark, ours) == rows_anew(spark, theirs), version
 
     # a partitioned, copy-on-write table whose partition values need escaping in paths
     ours, theirs = lake / "odd", lake / "odd-reference"
@@ -292,7 +294,7 @@ def test_listings_match_delta_sparks_replay_through_every_kind_of_commit(
     merge_by_keys(DeltaTable.forPath(spark, str(theirs)),
                   spark.createDataFrame([(70, 1, "ü")], SCHEMA))
     check(ours, theirs, 8)
-    assert rows(ours) == rows(theirs)
+    assert rows_anew(spark, ours) == rows_anew(spark, theirs)
 
     # several operations of one batch, each reading the files the ones before it wrote into
     # escaped partitions: an UPDATE, a MERGE updating those rows and inserting into every
@@ -344,16 +346,12 @@ def test_listings_of_merge_on_read_column_mapped_and_evolved_tables_match_delta_
 
     participant = Participant(lake_daemon.target, pipeline_id=f"crc-mor-{lake.name}")
 
-    def rows(table: Path) -> list[tuple]:
-        forget(spark, table)
-        return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
-
     def check(version: int, *, lists: bool) -> dict:
         crc = checksum(ours, version)
         assert ("allFiles" in crc) is lists, version
         if lists:  # what delta-spark reads from the listing: its copy's rows
             listed_as_replayed(spark, ours, version)
-            assert rows(ours) == rows(theirs), version
+            assert rows_anew(spark, ours) == rows_anew(spark, theirs), version
         return crc
 
     ours, theirs = lake / "mor", lake / "mor-reference"
