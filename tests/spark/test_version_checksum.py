@@ -16,6 +16,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkside import Participant
+from sparkside.jvm_names import jvm_class
 
 pytestmark = pytest.mark.spark
 
@@ -54,12 +55,17 @@ def _every_field(add: object) -> tuple:
             text(add.defaultRowCommitVersion()), text(add.clusteringProvider()))
 
 
+def delta_log_of(spark: SparkSession) -> object:
+    """delta-spark's ``DeltaLog`` object (its log cache) in ``spark``'s JVM."""
+    return jvm_class(spark._jvm, "org.apache.spark.sql.delta.DeltaLog")
+
+
 def forget(spark: SparkSession, table: Path) -> None:
     """Drops delta-spark's cached log of ``table`` alone: its next read lists and reads the
     table from storage. Other tables keep their cached states (clearing every table's made the
     listing tests rebuild their reference copies too: a quarter of their time)."""
-    path = spark._jvm.org.apache.hadoop.fs.Path(str(table))
-    spark._jvm.org.apache.spark.sql.delta.DeltaLog.invalidateCache(spark._jsparkSession, path)
+    path = jvm_class(spark._jvm, "org.apache.hadoop.fs.Path")(str(table))
+    delta_log_of(spark).invalidateCache(spark._jsparkSession, path)
 
 
 def rows_anew(spark: SparkSession, table: Path) -> list[tuple]:
@@ -71,9 +77,9 @@ def rows_anew(spark: SparkSession, table: Path) -> list[tuple]:
 def newest_snapshot(spark: SparkSession, table: Path, version: int | None = None) -> object:
     """delta-spark's snapshot of ``table``'s newest version, read anew (``version``: which it
     must be)."""
-    delta = spark._jvm.org.apache.spark.sql.delta
     forget(spark, table)
-    snapshot = delta.DeltaLog.forTable(spark._jsparkSession, str(table)).unsafeVolatileSnapshot()
+    log = delta_log_of(spark).forTable(spark._jsparkSession, str(table))
+    snapshot = log.unsafeVolatileSnapshot()
     assert version is None or snapshot.version() == version
     return snapshot
 
@@ -128,7 +134,7 @@ def assert_like_delta_sparks(ours: dict, theirs: dict, *, same_files: bool) -> N
 
 
 def test_forget_drops_one_tables_cached_log_and_keeps_the_others(spark, tmp_path) -> None:  # noqa: ANN001
-    delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog
+    delta_log = delta_log_of(spark)
     tables = [tmp_path / "a", tmp_path / "b"]
     for table in tables:
         spark.range(1).write.format("delta").save(str(table))
