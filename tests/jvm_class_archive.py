@@ -76,7 +76,7 @@ from tests.spark_settings import suite_conf
 
 archive = sys.argv[1]
 spark = local_spark("percolake-class-archive", 1, conf={
-    **suite_conf(), "spark.sql.shuffle.partitions": "2",
+    **suite_conf(),
     "spark.driver.extraJavaOptions":
         f"-XX:+UseSerialGC -Xlog:cds=off -XX:ArchiveClassesAtExit={archive}"})
 assert "spark.jars.packages" not in dict(spark.sparkContext.getConf().getAll())

@@ -12,6 +12,20 @@ from pathlib import Path
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
+# The tests' tables are a few small files; what Spark and delta-spark do by default for big ones
+# costs CPU here (measured on test_row_level.py alone, one shared session: 478 CPU-s with none
+# of these, 446 with the task counts, 408 with the plan text too, 367 with all three):
+# - one task per shuffle and per rebuild of a table version's state (delta-spark's
+#   snapshotPartitions) instead of one per core; the tables are written as before (a DataFrame
+#   made from a range or a list still has one partition per core);
+# - the plan text Spark keeps for its SQL listener of every query in the one-line form, not
+#   the formatted one (nothing in the suite reads it);
+# - the state delta-spark caches per table version kept as objects, not serialized.
+SMALL_DATA = {"spark.sql.shuffle.partitions": "1",
+              "spark.databricks.delta.snapshotPartitions": "1",
+              "spark.sql.ui.explainMode": "simple",
+              "spark.databricks.delta.snapshotCache.storageLevel": "MEMORY_ONLY"}
+
 # The file listing the jars (delta-spark, Hadoop's S3 connector) every JVM of the suite puts on
 # its class path, as the class archive has them (tests/jvm_class_archive.py); set by
 # tests/conftest.py, the file written by the archive's maker
@@ -19,16 +33,17 @@ CLASS_PATH_ENV = "PERCOLAKE_TEST_JVM_CLASS_PATH"
 
 
 def suite_conf(*, s3_connector: bool = False) -> dict[str, str]:
-    """INTERPRETED plus the suite's jars: once the class archive's maker has listed them, on
-    the driver's and executors' class path (``configure_spark`` then fetches no package, and
-    the JVM can map the archive); until then (or with ``PERCOLAKE_TEST_JVM_ARCHIVE=0``)
+    """INTERPRETED and SMALL_DATA plus the suite's jars: once the class archive's maker has
+    listed them, on the driver's and executors' class path (``configure_spark`` then fetches no
+    package, and the JVM can map the archive); until then (or with ``PERCOLAKE_TEST_JVM_ARCHIVE=0``)
     ``configure_spark``'s Maven packages, with ``s3_connector`` Hadoop's S3 connector too."""
     listed = os.environ.get(CLASS_PATH_ENV)
     if listed and Path(listed).is_file():
         jars = Path(listed).read_text().strip()
-        return {**INTERPRETED, "spark.driver.extraClassPath": jars,
+        return {**INTERPRETED, **SMALL_DATA, "spark.driver.extraClassPath": jars,
                 "spark.executor.extraClassPath": jars}
-    return {**INTERPRETED, **(s3_connector_packages() if s3_connector else {})}
+    return {**INTERPRETED, **SMALL_DATA,
+            **(s3_connector_packages() if s3_connector else {})}
 
 
 def s3_connector_packages() -> dict[str, str]:

@@ -46,7 +46,6 @@ def spark_session(app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is im
     for key, value in suite_conf().items():
         builder = builder.config(key, value)
     return (builder.master("local[1]").appName(app)
-            .config("spark.sql.shuffle.partitions", "2")
             .config("spark.ui.enabled", "false")
             .config("spark.pyspark.python", sys.executable)
             .config("spark.driver.extraJavaOptions",
@@ -62,7 +61,7 @@ def remote_session(lake: str, master: str | None, conf: dict[str, str],
     from sparkside.session import local_spark
     from tests.spark_settings import suite_conf
 
-    settings = {**suite_conf(), "spark.sql.shuffle.partitions": "2",
+    settings = {**suite_conf(),
                 "spark.sql.streaming.stateStore.maintenanceInterval": "600s",
                 "spark.driver.extraJavaOptions":
                     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto",

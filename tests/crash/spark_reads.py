@@ -109,9 +109,6 @@ def main(argv: list[str] | None = None) -> int:
 
     conf = {**suite_conf(),
             "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-            # tiny tables: one task per log replay and shuffle, not one per core
-            "spark.databricks.delta.snapshotPartitions": "1",
-            "spark.sql.shuffle.partitions": "1",
             **json.loads(args.spark_conf)}
     spark = local_spark("percolake-crash-spark-reads", cores=2, conf=conf,
                         warehouse=args.warehouse, master=args.master)

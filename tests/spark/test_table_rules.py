@@ -238,9 +238,11 @@ import time
 from pathlib import Path
 from sparkside import ConsistentReader, Participant, local_spark
 from sparkside.errors import TableNotWritten, UnknownTable
+from tests.spark_settings import suite_conf
 
 target, root, pipeline = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 spark = local_spark("hive-catalog", cores=1, conf={
+    **suite_conf(),  # the suite's jars on the class path: no Ivy resolve
     "spark.sql.catalogImplementation": "hive",  # what enableHiveSupport() sets
     "spark.sql.warehouse.dir": str(root / "warehouse"),
     "spark.hadoop.javax.jdo.option.ConnectionURL":
