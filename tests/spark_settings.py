@@ -13,7 +13,7 @@ INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 # The tests' tables are a few small files; what Spark and delta-spark do by default for big ones
-# costs CPU here (measured on test_row_level.py alone, one shared session: 478 CPU-s with none
+# costs CPU here (measured on test_row_level.py alone, one shared session: 460–478 CPU-s with none
 # of these, 446 with the task counts, 408 with the plan text too, 367 with all three):
 # - one task per shuffle and per rebuild of a table version's state (delta-spark's
 #   snapshotPartitions) instead of one per core; the tables are written as before (a DataFrame
