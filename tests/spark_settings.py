@@ -37,13 +37,13 @@ def suite_conf(*, s3_connector: bool = False) -> dict[str, str]:
     listed them, on the driver's and executors' class path (``configure_spark`` then fetches no
     package, and the JVM can map the archive); until then (or with ``PERCOLAKE_TEST_JVM_ARCHIVE=0``)
     ``configure_spark``'s Maven packages, with ``s3_connector`` Hadoop's S3 connector too."""
+    settings = {**INTERPRETED, **SMALL_DATA}
     listed = os.environ.get(CLASS_PATH_ENV)
     if listed and Path(listed).is_file():
         jars = Path(listed).read_text().strip()
-        return {**INTERPRETED, **SMALL_DATA, "spark.driver.extraClassPath": jars,
+        return {**settings, "spark.driver.extraClassPath": jars,
                 "spark.executor.extraClassPath": jars}
-    return {**INTERPRETED, **SMALL_DATA,
-            **(s3_connector_packages() if s3_connector else {})}
+    return {**settings, **(s3_connector_packages() if s3_connector else {})}
 
 
 def s3_connector_packages() -> dict[str, str]:

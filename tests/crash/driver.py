@@ -42,10 +42,7 @@ def spark_session(app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is im
 
     from tests.spark_settings import suite_conf
 
-    builder = SparkSession.builder
-    for key, value in suite_conf().items():
-        builder = builder.config(key, value)
-    return (builder.master("local[1]").appName(app)
+    return (SparkSession.builder.config(map=suite_conf()).master("local[1]").appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.pyspark.python", sys.executable)
             .config("spark.driver.extraJavaOptions",

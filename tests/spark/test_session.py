@@ -210,9 +210,8 @@ from sparkside import configure_spark
 from tests.spark_settings import suite_conf
 target, table = sys.argv[1:3]
 # the suite's jars already on the class path (as an offline user's): no Ivy resolve
-builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-for key, value in suite_conf(s3_connector=True).items():
-    builder = builder.config(key, value)
+builder = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+           .config(map=suite_conf(s3_connector=True)))
 spark = configure_spark(builder, warehouse=table).getOrCreate()
 from sparkside import Participant  # imported after the session started
 participant = Participant(target, pipeline_id="executor-python")
