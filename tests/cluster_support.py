@@ -36,6 +36,8 @@ from typing import Any
 
 import pyspark
 
+from tests.spark_settings import JVM_OPTIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 HOST = "127.0.0.1"
@@ -95,7 +97,7 @@ class SparkCluster:
             "spark.executor.memory": executor_memory,
             "spark.driver.host": HOST,
             "spark.driver.bindAddress": HOST,
-            "spark.executor.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            "spark.executor.extraJavaOptions": JVM_OPTIONS,
             "spark.executorEnv.PYTHONPATH": str(ROOT),
         }
 
@@ -111,7 +113,7 @@ class SparkCluster:
             "SPARK_LOG_DIR": str(self.root / "logs"),
             "SPARK_LOCAL_DIRS": str(self.root / "local"),  # executors' scratch space
             "SPARK_DAEMON_MEMORY": "256m",
-            "SPARK_DAEMON_JAVA_OPTS": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS,
             "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
         })

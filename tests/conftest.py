@@ -22,19 +22,20 @@ import sys
 # Tests start children (PostgreSQL, Spark workers) while gRPC threads are busy; gRPC's fork
 # handlers are for children that use gRPC, which ours never do (they exec at once).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-# The suite's JVMs (Spark sessions and drivers, the cluster's daemons and executors) live
-# seconds to minutes, and the suite is CPU-bound on two cores: compiling with C1 alone costs
-# them about a third less CPU than tiered C2 does, for the same results.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 from collections.abc import Iterator
 from pathlib import Path
-
-import grpc
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``tests.*`` helpers import under plain ``pytest`` too
     sys.path.insert(0, str(ROOT))
+
+from tests.spark_settings import JIT  # noqa: E402
+
+# every JVM the suite starts compiles as tests/spark_settings.py says (the suite is CPU-bound)
+os.environ.setdefault("JAVA_TOOL_OPTIONS", JIT)
+
+import grpc  # noqa: E402
+import pytest  # noqa: E402
 
 from coordinator.launcher import DaemonProcess  # noqa: E402
 from percolake.credentials import ClientSecurity  # noqa: E402

@@ -40,13 +40,13 @@ def _event(path: str, **fields: object) -> None:
 def spark_session(app: str = "percolake-crash"):  # noqa: ANN201 - pyspark is imported lazily
     from pyspark.sql import SparkSession
 
-    from tests.spark_settings import suite_conf
+    from tests.spark_settings import JVM_OPTIONS, suite_conf
 
     return (SparkSession.builder.config(map=suite_conf()).master("local[1]").appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.pyspark.python", sys.executable)
             .config("spark.driver.extraJavaOptions",
-                    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto")
+                    f"{JVM_OPTIONS} -Xshare:auto")
             .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
             .getOrCreate())
 
@@ -56,12 +56,12 @@ def remote_session(lake: str, master: str | None, conf: dict[str, str],
     """The session of a cluster or object-store run: ``local_spark`` on ``master`` (or two
     local cores) with the lake as its warehouse."""
     from sparkside.session import local_spark
-    from tests.spark_settings import suite_conf
+    from tests.spark_settings import JVM_OPTIONS, suite_conf
 
     settings = {**suite_conf(),
                 "spark.sql.streaming.stateStore.maintenanceInterval": "600s",
                 "spark.driver.extraJavaOptions":
-                    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto",
+                    f"{JVM_OPTIONS} -Xshare:auto",
                 **conf}
     return local_spark(app, cores=2, conf=settings, warehouse=lake, master=master)
 

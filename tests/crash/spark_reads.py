@@ -105,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from sparkside.session import local_spark
-    from tests.spark_settings import suite_conf
+    from tests.spark_settings import JVM_OPTIONS, suite_conf
 
     conf = {**suite_conf(),
-            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            "spark.driver.extraJavaOptions": JVM_OPTIONS,
             **json.loads(args.spark_conf)}
     spark = local_spark("percolake-crash-spark-reads", cores=2, conf=conf,
                         warehouse=args.warehouse, master=args.master)
