@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 from coordinator.store.base import Store
+from percolake.barriers import LOGICAL_BITS
 
-LOGICAL_BITS = 18
 DEFAULT_WINDOW_MS = 3000
 log = logging.getLogger("percolake.oracle")
 

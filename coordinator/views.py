@@ -12,8 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coordinator.core.quarantine import RECOVERY_COMMAND
-from coordinator.oracle import wall_ms_of
+from percolake.barriers import wall_ms_of_barrier
+from percolake.records import RECOVERY_COMMAND
 from percolake.v1 import coordinator_pb2 as pb
 
 # Live: holding its tables. COMMITTED: decided, but not yet applied to every Delta table.
@@ -41,7 +41,7 @@ def iso_time(unix_ms: int) -> str:
 
 
 def ts_time(ts: int) -> str:
-    return iso_time(wall_ms_of(ts)) if ts else ""
+    return iso_time(wall_ms_of_barrier(ts)) if ts else ""
 
 
 def age_text(seconds: float | None) -> str:

@@ -385,6 +385,11 @@ class QuarantineChoice(enum.Enum):
     ABANDON = "abandon"  # never apply it: the table keeps none of this write's changes
 
 
+# how an operator releases a quarantined table (the coordinator's CLI), as its errors and views say
+RECOVERY_COMMAND = ("percolake-coordinator tables release-quarantine --table {table} "
+                    "--txn {txn_id} --choice reapply|abandon --reason ...")
+
+
 @dataclass
 class QuarantineRecord:
     """A table whose committed row-level write cannot be applied as it read the table

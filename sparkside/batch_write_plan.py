@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from percolake.lake.delta_commit import typed_partition_value
+from percolake.lake.partition_values import typed_partition_value
 from percolake.lake.read_set import WHOLE_TABLE, Predicate, union
 from percolake.records import AddFileRecord, PartitionValues, TableWriteRecord, WriteMode
 

@@ -10,6 +10,8 @@ its own layer and those below.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,16 @@ def test_the_layer_check_finds_an_import_back_up(tmp_path: Path) -> None:
     assert units_without_layer(package, layers[1:]) == [
         "coordinator/__init__ has no layer", "coordinator/validation has no layer",
         "web has a layer but is not in coordinator/"]
+
+
+def test_the_operators_commands_start_without_the_daemon_or_the_lakes_engines() -> None:
+    """``percolake-coordinator status`` and the other commands that only call a coordinator load
+    neither the daemon's core nor pyarrow, numpy or delta-rs (they took most of a command's
+    start-up); ``serve`` and ``optimize`` load what they run when they run it."""
+    heavy = ("coordinator.core", "coordinator.server", "coordinator.store", "pyarrow", "numpy",
+             "deltalake")
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; import coordinator.cli.program; "
+         f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
-from coordinator.oracle import LOGICAL_BITS
 from coordinator.table_names import named, names_in
 from coordinator.views import (
     UNFINISHED,
@@ -28,6 +27,7 @@ from coordinator.views import (
     ts_time,
     txn_json,
 )
+from percolake.barriers import LOGICAL_BITS
 from percolake.v1 import coordinator_pb2 as pb
 
 STATES = ("OPEN", "PREWRITTEN", "COMMITTED", "APPLIED", "ABORTED")

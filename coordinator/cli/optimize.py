@@ -23,17 +23,19 @@ import contextlib
 import json
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
-from coordinator.core.optimizing import optimize_pipeline
 from percolake import codec
 from percolake.errors import InvalidArgument, ProtocolError
-from percolake.lake import compaction
+from percolake.lake.defaults import DEFAULT_TARGET_SIZE
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from percolake.lake.compaction import Plan
 
 HEARTBEAT_S = 5.0
 OPEN_ATTEMPTS = 5  # batch ids taken by concurrent optimize runs meanwhile
@@ -55,9 +57,9 @@ def add_command(commands: Any, default_target: str) -> None:
                           help="a partition predicate: column = 'value' (also != <> < <= > "
                           ">=), column IN ('a', 'b'), column IS [NOT] NULL, joined by AND; "
                           "only partition columns")
-    optimize.add_argument("--target-size", type=_positive, default=compaction.DEFAULT_TARGET_SIZE,
+    optimize.add_argument("--target-size", type=_positive, default=DEFAULT_TARGET_SIZE,
                           help="the largest compacted file, in bytes; files at least this "
-                          f"large are left alone (default {compaction.DEFAULT_TARGET_SIZE})")
+                          f"large are left alone (default {DEFAULT_TARGET_SIZE})")
     add_common_arguments(optimize, default_target)
 
 
@@ -72,6 +74,8 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from percolake.lake import compaction  # pyarrow and delta-rs: only when optimizing
+
     if args.where.strip():  # a bad predicate is refused before anything is sent
         try:
             compaction.check_where(args.table, args.where)
@@ -96,6 +100,8 @@ class Refused(Exception):
 
 def optimize(call: Call, table: str, where: str, target_size: int) -> dict[str, Any]:
     """One compaction transaction; returns what it did (see ``render``)."""
+    from percolake.lake import compaction
+
     txn, location = _open(call, table)
     beating = threading.Event()
     heart = threading.Thread(target=_heartbeat, args=(call, txn.txn_id, beating), daemon=True)
@@ -138,6 +144,8 @@ _REFUSALS = (grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT,
 
 
 def _open(call: Call, table: str) -> tuple[pb.Transaction, pb.TableLocation]:
+    from coordinator.core.optimizing import optimize_pipeline
+
     pipeline_id = optimize_pipeline(canonical_table_uri(table))
     try:
         pipeline = call("GetPipeline", pb.GetPipelineRequest(pipeline_id=pipeline_id))
@@ -171,7 +179,7 @@ def _abort(call: Call, txn_id: str, reason: str) -> None:
         call("AbortTransaction", pb.AbortTransactionRequest(txn_id=txn_id, reason=reason))
 
 
-def _result(table: str, txn_id: str, plan: compaction.Plan, write: Any,
+def _result(table: str, txn_id: str, plan: Plan, write: Any,
             version: int | None) -> dict[str, Any]:
     return {"table": table, "txn_id": txn_id, "read_version": plan.version,
             "delta_version": version, "files_removed": len(plan.removed),

@@ -28,7 +28,6 @@ from coordinator.cli import tables as tables_cli
 from coordinator.cli import topology as topology_cli
 from coordinator.cli import vacuum as vacuum_cli
 from coordinator.cli.client import client_follower
-from coordinator.core import CoordinatorConfig
 from percolake.credentials import add_client_arguments
 
 DEFAULT_PORT = 50051
@@ -224,6 +223,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     from coordinator import logs
+    from coordinator.core import CoordinatorConfig
     from coordinator.server import ServerOptions, is_sqlite, serve_forever
 
     if is_sqlite(args.store) and not args.data_dir:

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from coordinator.cli.client import Call, add_common_arguments, run_calls
-from coordinator.core.vacuum import DEFAULT_RETENTION_HOURS
+from percolake.lake.defaults import DEFAULT_RETENTION_HOURS
 from percolake.v1 import coordinator_pb2 as pb
 
 

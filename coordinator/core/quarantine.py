@@ -29,12 +29,15 @@ from coordinator.core.state import CoreState, wall_ms
 from coordinator.principal import current_principal
 from percolake.errors import FailedPrecondition, InvalidArgument, NotFound, TableQuarantined
 from percolake.lake.delta_commit import open_table
-from percolake.records import QuarantineChoice, QuarantineRecord, TableWriteRecord
+from percolake.records import (
+    RECOVERY_COMMAND,
+    QuarantineChoice,
+    QuarantineRecord,
+    TableWriteRecord,
+)
 from percolake.states import COMMITTED_STATES
 
 log = logging.getLogger("percolake.coordinator")
-RECOVERY_COMMAND = ("percolake-coordinator tables release-quarantine --table {table} "
-                    "--txn {txn_id} --choice reapply|abandon --reason ...")
 
 
 def quarantined_error(record: QuarantineRecord) -> TableQuarantined:

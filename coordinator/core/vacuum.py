@@ -30,11 +30,11 @@ from coordinator.core.state import CoreState
 from coordinator.oracle import wall_ms_of
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition
+from percolake.lake.defaults import DEFAULT_RETENTION_HOURS
 from percolake.lake.vacuum import TableVacuum
 
 log = logging.getLogger("percolake.coordinator")
 
-DEFAULT_RETENTION_HOURS = 168
 MAX_RETENTION_HOURS = 100 * 365 * 24
 # Vacuums and revisions of this process run one at a time (the leader is the only process
 # serving them).

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from percolake.errors import FailedPrecondition, InvalidArgument
 from percolake.lake import storage
+from percolake.lake.defaults import DEFAULT_TARGET_SIZE
 from percolake.lake.deleted_rows import deleted_rows
 from percolake.lake.deletion_vectors import DeletionVector, deletion_vectors
 from percolake.lake.delta_commit import TableLayout, files_of_version, table_layout
@@ -43,7 +44,6 @@ from percolake.records import (
     WriteMode,
 )
 
-DEFAULT_TARGET_SIZE = 100 * 1024 * 1024  # bytes of one compacted file, at most (delta-rs's)
 OPERATION = "OPTIMIZE"
 # features whose files pyarrow cannot rewrite faithfully: row ids
 REFUSED_FEATURES = ("rowTracking",)

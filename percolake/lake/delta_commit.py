@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import decimal
 import json
 import logging
 import sys
@@ -61,6 +60,7 @@ from percolake.lake.log_entry import (
     put_entry,
     remove_action,
 )
+from percolake.lake.partition_values import typed_partition_value
 from percolake.lake.schema_evolution import (
     MAX_COLUMN_ID,
     SchemaConflict,
@@ -599,34 +599,6 @@ def _partition_key(values: Mapping[str, object], types: dict[str, str]) -> tuple
     """A hashable, typed form of one partition's values, equal for equal partitions."""
     return tuple(sorted((k, typed_partition_value(v, types.get(k, "string")))
                         for k, v in values.items()))
-
-
-def typed_partition_value(value: object, delta_type: str) -> object:
-    """A partition value, given as Delta's string or as delta-rs's typed value, as a value."""
-    if value is None:
-        return None
-    try:
-        if delta_type in ("timestamp", "timestamp_ntz"):
-            if not isinstance(value, datetime.datetime):
-                text = str(value).strip().replace("T", " ").removesuffix("Z")
-                value = datetime.datetime.fromisoformat(text)
-            if value.tzinfo is not None:
-                value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-            return value
-        if delta_type == "date":
-            return value if isinstance(value, datetime.date) \
-                else datetime.date.fromisoformat(str(value))
-        if delta_type in ("byte", "short", "integer", "long"):
-            return int(value)
-        if delta_type in ("float", "double"):
-            return float(value)
-        if delta_type.startswith("decimal"):
-            return decimal.Decimal(str(value))
-        if delta_type == "boolean":
-            return value if isinstance(value, bool) else str(value).lower() == "true"
-    except (TypeError, ValueError, decimal.InvalidOperation):
-        pass
-    return str(value)
 
 
 def _normalise(values: PartitionValues) -> dict[str, str | None]:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from percolake.lake.delta_commit import typed_partition_value
+from percolake.lake.partition_values import typed_partition_value
 from percolake.lake.table_features import physical_names
 
 Predicate = Any  # bool or a dict, as in the module doc
