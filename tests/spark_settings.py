@@ -6,21 +6,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The tests' queries are many and their data tiny: generating and compiling Java code for each
-# query (Spark's default) costs more CPU than interpreting it, with the same results (Spark's
-# own tests run in both modes). The suite is CPU-bound on two cores.
 # The suite's JVMs (Spark sessions and drivers, the cluster's daemons and executors) live seconds
 # to minutes: compiling with C1 alone costs them about a third less CPU than tiered C2 does, for
 # the same results. C1 alone gets a 48 MB code cache by default, which a shared session fills
 # within minutes (Spark's generated classes are new at every query): from then on the JVM threw
 # compiled code away and compiled it again, and its sweeper walked the whole cache after every
 # 240 KB of new code. The cache tiered compilation would have, swept after every 10 % of it:
-# test_row_level.py alone 420-432 -> 335-372 CPU-s (the sweeper had taken 9 % of the JVM's CPU,
+# test_row_level.py alone 408-432 -> 335-357 CPU-s (the sweeper had taken 9 % of the JVM's CPU,
 # the compiler 10 %).
 JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:SweeperThreshold=10"
 # what a Spark application of the suite gives its own JVMs on their command line
 JVM_OPTIONS = f"-XX:+UseSerialGC {JIT}"
 
+# The tests' queries are many and their data tiny: generating and compiling Java code for each
+# query (Spark's default) costs more CPU than interpreting it, with the same results (Spark's
+# own tests run in both modes). The suite is CPU-bound on two cores.
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
