@@ -23,15 +23,11 @@ import time
 from collections.abc import Callable
 
 from coordinator.store.base import Store
-from percolake.barriers import LOGICAL_BITS
+from percolake.barriers import LOGICAL_BITS, wall_ms_of_barrier
 
 DEFAULT_WINDOW_MS = 3000
 log = logging.getLogger("percolake.oracle")
-
-
-def wall_ms_of(ts: int) -> int:
-    """The wall-clock milliseconds a timestamp was taken at."""
-    return ts >> LOGICAL_BITS
+wall_ms_of = wall_ms_of_barrier  # the wall-clock milliseconds any timestamp was taken at
 
 
 class TimestampOracle:
