@@ -135,6 +135,7 @@ class Leadership:
         self._term: Term | None = None
         self._recent_term: Term | None = None  # the current or the last term
         self._lock = threading.Lock()
+        self._opening = threading.Lock()  # one standby store, whoever opens it first
         self._left = threading.Condition(self._lock)  # a call left a term
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -192,17 +193,19 @@ class Leadership:
             return address, epoch
         address, epoch = None, None
         # The standby's store; right after a step-down the old term's, open until its last
-        # call (maybe the caller) left.
+        # call (maybe the caller) left; after that and before the lease loop's next turn
+        # opens the standby's, a standby's store opened here.
         recent = self._recent_term
-        store = self._standby_store or (
-            recent.store if recent is not None and not recent.retired.is_set() else None)
-        if store is not None:
-            try:
+        try:
+            store = self._standby_store or (
+                recent.store if recent is not None and not recent.retired.is_set()
+                else self._standby_for_hint())
+            if store is not None:
                 lease = store.read_lease()
                 if lease.holder and lease.holder != self.node_id and lease.remaining_s > 0:
                     address, epoch = lease.address, lease.epoch
-            except Exception as exc:  # unreachable, or closed under us: no leader known
-                log.debug("cannot read the lease", extra={"error": repr(exc)})
+        except Exception as exc:  # unreachable, or closed under us: no leader known
+            log.debug("cannot read the lease", extra={"error": repr(exc)})
         self._hint = (now, address, epoch)
         return address, epoch
 
@@ -246,9 +249,10 @@ class Leadership:
         deadline = time.monotonic() + timeout_s
         for worker in list(self._workers):
             worker.join(max(0.0, deadline - time.monotonic()))
-        if self._standby_store is not None:
-            self._standby_store.close()
-            self._standby_store = None
+        with self._opening:
+            if self._standby_store is not None:
+                self._standby_store.close()
+                self._standby_store = None
 
     def step_down(self, term: Term, reason: str, release: bool = False) -> None:
         """Ends ``term`` (idempotent): no call is answered with it from now on; its core is
@@ -328,14 +332,22 @@ class Leadership:
         return wait
 
     def _standby(self) -> Store:
-        if self._standby_store is None:
-            try:
-                self._standby_store = self._open_store()
-            except StoreUnavailable:
-                raise
-            except Exception as exc:
-                raise Fatal(str(exc)) from exc
-        return self._standby_store
+        with self._opening:
+            if self._standby_store is None:
+                try:
+                    self._standby_store = self._open_store()
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    raise Fatal(str(exc)) from exc
+            return self._standby_store
+
+    def _standby_for_hint(self) -> Store | None:
+        """The standby's store for a refusal's leader hint (None while this node leads or
+        stops: the loop owns the store then)."""
+        if self._term is not None or self._stopping.is_set():
+            return None
+        return self._standby()
 
     def _acquire(self) -> float:
         store = self._standby()

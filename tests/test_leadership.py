@@ -189,6 +189,21 @@ def test_a_refused_renewal_steps_down(store, tmp_path, clock):
     assert a.refusal().leader_address == b.address
 
 
+def test_a_stepped_down_leader_names_the_new_one_before_its_loop_turns_again(store, tmp_path,
+                                                                            clock):
+    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2")
+    a.lead()
+    with a.leadership.serving() as term:
+        pass
+    expire_lease()
+    b.lead()
+    a.leadership.step()  # its renewal is refused: it steps down
+    assert term.retired.wait(5)  # its old term's store is closed, no standby store opened yet
+    refused = a.refusal()
+    assert refused.leader_address == b.address
+    assert str(refused) == standby_message(a.address, b.address, b.leadership.epoch)
+
+
 def test_an_expired_local_deadline_stops_serving_before_anything_else(store, tmp_path, clock):
     a = Node(store, tmp_path, "1", clock)
     first = a.lead()
