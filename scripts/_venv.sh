@@ -17,8 +17,11 @@ if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
   echo "percolake: installing dependencies into $VENV (first run takes a minute or two)" >&2
   # uv (from PyPI) installs the same packages as pip in a third of pip's time on a clean
   # machine (parallel downloads, one build of PySpark's sdist); pip where uv cannot be had.
+  # Both compile the packages' bytecode at install, as Python cannot where
+  # PYTHONDONTWRITEBYTECODE is set: each process would compile what it imports again.
   if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.9,<1"; then
-    "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" -e "$ROOT[dev]"
+    "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" \
+      -e "$ROOT[dev]"
   else
     echo "percolake: uv could not be installed; installing with pip" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
@@ -46,5 +49,10 @@ from sparkside import local_spark; local_spark("percolake-jars", 1, conf).stop()
   fi
   echo "percolake: Spark's jars downloaded in $((SECONDS - started)) s" >&2
 fi
+# The project's own modules (an editable install is not compiled): the daemons, drivers and
+# command-line runs the tests start import them anew, 0.3 CPU-seconds a daemon without bytecode.
+# Only what changed is compiled again.
+"$VENV/bin/python" -m compileall -q -j 0 "$ROOT/percolake" "$ROOT/coordinator" \
+  "$ROOT/sparkside" "$ROOT/tests" >/dev/null
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"
