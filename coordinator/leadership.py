@@ -193,19 +193,17 @@ class Leadership:
             return address, epoch
         address, epoch = None, None
         # The standby's store; right after a step-down the old term's, open until its last
-        # call (maybe the caller) left; after that and before the lease loop's next turn
-        # opens the standby's, a standby's store opened here.
+        # call (maybe the caller) left, by when the standby's is open (``_retire``).
         recent = self._recent_term
-        try:
-            store = self._standby_store or (
-                recent.store if recent is not None and not recent.retired.is_set()
-                else self._standby_for_hint())
-            if store is not None:
+        store = self._standby_store or (
+            recent.store if recent is not None and not recent.retired.is_set() else None)
+        if store is not None:
+            try:
                 lease = store.read_lease()
                 if lease.holder and lease.holder != self.node_id and lease.remaining_s > 0:
                     address, epoch = lease.address, lease.epoch
-        except Exception as exc:  # unreachable, or closed under us: no leader known
-            log.debug("cannot read the lease", extra={"error": repr(exc)})
+            except Exception as exc:  # unreachable, or closed under us: no leader known
+                log.debug("cannot read the lease", extra={"error": repr(exc)})
         self._hint = (now, address, epoch)
         return address, epoch
 
@@ -281,6 +279,11 @@ class Leadership:
             core.close()
         with self._lock:
             self._left.wait_for(lambda: term.calls == 0)
+        if self._term is None and not self._stopping.is_set():
+            # the standby's store before the term's closes: a refusal in between (before the
+            # lease loop's next turn) still reads the lease and names the new leader
+            with contextlib.suppress(Exception):  # unreachable: the loop retries it
+                self._standby()
         with contextlib.suppress(Exception):
             term.store.close()
         term.retired.set()
@@ -341,13 +344,6 @@ class Leadership:
                 except Exception as exc:
                     raise Fatal(str(exc)) from exc
             return self._standby_store
-
-    def _standby_for_hint(self) -> Store | None:
-        """The standby's store for a refusal's leader hint (None while this node leads or
-        stops: the loop owns the store then)."""
-        if self._term is not None or self._stopping.is_set():
-            return None
-        return self._standby()
 
     def _acquire(self) -> float:
         store = self._standby()

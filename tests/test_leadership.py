@@ -198,7 +198,7 @@ def test_a_stepped_down_leader_names_the_new_one_before_its_loop_turns_again(sto
     expire_lease()
     b.lead()
     a.leadership.step()  # its renewal is refused: it steps down
-    assert term.retired.wait(5)  # its old term's store is closed, no standby store opened yet
+    assert term.retired.wait(5)  # its old term's store is closed; its loop has not turned since
     refused = a.refusal()
     assert refused.leader_address == b.address
     assert str(refused) == standby_message(a.address, b.address, b.leadership.epoch)
