@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -40,6 +40,10 @@ from coordinator.tls import TransportSettingsError
 from percolake.errors import InvalidArgument, StoreUnavailable
 from percolake.v1 import coordinator_pb2 as pb
 from percolake.v1 import coordinator_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from percolake.lake.write_check import WriteChecker
+    from percolake.records import TableWriteRecord
 
 log = logging.getLogger("percolake.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
@@ -336,27 +340,60 @@ def _credential_needed(access: http_serving.HttpAccess) -> str:
             "principal")
 
 
+class LakeEngines:
+    """A core's applier and write checks on the lake's engines (delta-rs, pyarrow), loaded and
+    built at the first request that needs them: a daemon that serves no table (a standby, an
+    operator's or a test's) never loads them. Each table's log state is kept across requests
+    and advanced, never reloaded whole: the reports' entries, the write check's layouts and
+    the roll-forward's delta-rs tables."""
+
+    def __init__(self, roots: list[str]) -> None:
+        self._roots = roots
+        self._lock = threading.Lock()
+        self._built: tuple[Callable[..., int], WriteChecker] | None = None
+
+    def _engines(self) -> tuple[Callable[..., int], WriteChecker]:
+        built = self._built
+        if built is not None:
+            return built
+        with self._lock:
+            if self._built is None:
+                from percolake.lake.checkpoints import Checkpointer, checkpointing
+                from percolake.lake.delta_commit import apply_table_write
+                from percolake.lake.table_cache import TableCache
+                from percolake.lake.write_check import LayoutCache, WriteChecker
+
+                tables = TableCache()
+                # what the roll-forward applies gets its scheduled checkpoints (off the
+                # request's path)
+                applier = checkpointing(functools.partial(
+                    apply_table_write, roots=self._roots, tables=tables.tables), Checkpointer())
+                # the reports' checks through the layouts: an entry they read is not read
+                # again by the next write check of its table
+                self._built = (applier, WriteChecker(LayoutCache(tables.entries),
+                                                     roots=self._roots))
+            return self._built
+
+    def apply(self, write: TableWriteRecord, **kwargs: Any) -> int:
+        return self._engines()[0](write, **kwargs)
+
+    def is_commit_of(self, table: str, version: int, txn_id: str, app_id: str,
+                     app_version: int) -> bool:
+        return self._engines()[1].layouts.is_commit_of(table, version, txn_id, app_id,
+                                                       app_version)
+
+    def check(self, write: TableWriteRecord) -> None:
+        self._engines()[1].check(write)
+
+
 def _core_builder(config: CoordinatorConfig) -> Callable[[Store], TransactionCoordinator]:
     """Builds a core on a store: loads pipelines, unfinished transactions, the oracle mark."""
-    from percolake.lake.checkpoints import Checkpointer, checkpointing
-    from percolake.lake.delta_commit import apply_table_write  # deltalake loads only to serve
-    from percolake.lake.table_cache import TableCache
-    from percolake.lake.write_check import LayoutCache, WriteChecker
-
-    # Each table's log state is kept across requests and advanced, never reloaded whole: the
-    # reports' entries, the write check's layouts and the roll-forward's delta-rs tables.
-    tables = TableCache()
-    # what the roll-forward applies gets its scheduled checkpoints (off the request's path)
-    applier = checkpointing(functools.partial(apply_table_write, roots=config.warehouse_roots,
-                                              tables=tables.tables), Checkpointer())
-    checker = WriteChecker(LayoutCache(tables.entries), roots=config.warehouse_roots)
+    engines = LakeEngines(config.warehouse_roots)
 
     def build(store: Store) -> TransactionCoordinator:
-        # the reports' checks through the layouts: an entry they read is not read again by
-        # the next write check of its table
-        return TransactionCoordinator(store, config, applier=applier,
-                                      applied_check=checker.layouts.is_commit_of,
-                                      write_check=checker.check)
+        return TransactionCoordinator(store, config, applier=engines.apply,
+                                      applied_check=engines.is_commit_of,
+                                      write_check=engines.check)
 
     return build
 

@@ -41,6 +41,16 @@ class TableQuarantined(FailedPrecondition):
     release-quarantine`` (docs/row-level-writes.md, "Quarantine")."""
 
 
+class CannotApplyAsRead(FailedPrecondition):
+    """A committed row-level write whose table an outside writer changed after the version it
+    read (I12): it is never applied against other data (docs/row-level-writes.md). ``problem``
+    names the conflicting commit."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
+
+
 class Conflict(ProtocolError):
     """Write-write conflict: the table is held by another live transaction."""
 

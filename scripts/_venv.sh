@@ -16,14 +16,17 @@ stamp="$VENV/.percolake-installed"
 if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
   echo "percolake: installing dependencies into $VENV (first run takes a minute or two)" >&2
   # uv (from PyPI) installs the same packages as pip in a third of pip's time on a clean
-  # machine (parallel downloads, one build of PySpark's sdist); pip where uv cannot be had.
-  # Both compile the packages' bytecode at install, as Python cannot where
-  # PYTHONDONTWRITEBYTECODE is set: each process would compile what it imports again.
-  if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.9,<1"; then
-    "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" \
-      -e "$ROOT[dev]"
+  # machine (parallel downloads, one build of PySpark's sdist); pip where uv cannot be had or
+  # cannot install them (uv reads neither pip's configuration files nor its PIP_* variables;
+  # it trusts the system's certificates, as pip configured with them does). Both compile the
+  # packages' bytecode at install, as Python cannot where PYTHONDONTWRITEBYTECODE is set: each
+  # process would compile what it imports again.
+  if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.9,<1" \
+      && UV_NATIVE_TLS=1 "$VENV/bin/uv" pip install --quiet --compile-bytecode \
+        --python "$VENV/bin/python" -e "$ROOT[dev]"; then
+    :
   else
-    echo "percolake: uv could not be installed; installing with pip" >&2
+    echo "percolake: uv could not install the dependencies; installing with pip" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
   fi

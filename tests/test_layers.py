@@ -166,3 +166,34 @@ def test_the_operators_commands_start_without_the_daemon_or_the_lakes_engines() 
          f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert loaded == []
+
+
+def _lake_engines_mapped(pid: int) -> set[str]:
+    """Which of the lake's native engines (pyarrow's libarrow, delta-rs's extension) the
+    process has mapped: loaded, that is."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {name for name, marker in (("pyarrow", "libarrow"), ("deltalake", "/deltalake/"))
+            if marker in maps}
+
+
+def test_a_daemon_serving_no_table_never_loads_the_lakes_engines(daemon_factory) -> None:
+    """The daemon loads pyarrow and delta-rs at the first request that needs them (a quarter
+    of a daemon's start-up here): one whose transactions write no table never does."""
+    from percolake.v1 import coordinator_pb2 as pb
+    from tests.daemon_support import table_write, unique
+
+    daemon = daemon_factory.start(name="no-lake")
+    stub = daemon.stub
+    txn = stub.OpenTransaction(pb.OpenTransactionRequest(pipeline_id=unique("p")),
+                               timeout=30).transaction
+    assert stub.CommitTransaction(pb.CommitTransactionRequest(txn_id=txn.txn_id),
+                                  timeout=30).transaction.state in (pb.COMMITTED, pb.APPLIED)
+    assert _lake_engines_mapped(daemon.process.pid) == set()
+
+    txn = stub.OpenTransaction(pb.OpenTransactionRequest(pipeline_id=unique("q")),
+                               timeout=30).transaction
+    table = str(daemon.warehouse / unique("t"))
+    assert stub.CommitTransaction(pb.CommitTransactionRequest(
+        txn_id=txn.txn_id, tables=[table], writes=[table_write(table, txn.txn_id)]),
+        timeout=30).transaction.state in (pb.COMMITTED, pb.APPLIED)  # checked on the table
+    assert _lake_engines_mapped(daemon.process.pid) == {"pyarrow", "deltalake"}

@@ -36,7 +36,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import coordinator.core.revision as revision_module
 from coordinator.core import CoordinatorConfig, TransactionCoordinator
 from coordinator.core.revision import REVISE_PIPELINE
 from coordinator.core.snapshots import Consistency
@@ -44,6 +43,7 @@ from coordinator.oracle import TimestampOracle
 from coordinator.store.memory import MemoryStore
 from percolake.barriers import LOGICAL_BITS, first_barrier_at_or_above, is_global_barrier
 from percolake.errors import FailedPrecondition
+from percolake.lake import delta_commit
 from percolake.lake.delta_commit import TableLayout, VersionFiles
 from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
 from tests.test_topology_barriers import Clock  # the oracle's wall clock, moved by the model
@@ -94,14 +94,15 @@ class FakeDelta:
 
 @contextlib.contextmanager
 def fake_delta_for_revisions(delta: FakeDelta) -> Iterator[None]:
-    """The revision module reads versions' files and layouts from ``delta``."""
-    saved = revision_module.files_of_version, revision_module.table_layout
-    revision_module.files_of_version, revision_module.table_layout = (
+    """The revision module reads versions' files and layouts from ``delta`` (it takes them from
+    the lake's module when it runs)."""
+    saved = delta_commit.files_of_version, delta_commit.table_layout
+    delta_commit.files_of_version, delta_commit.table_layout = (
         delta.files_of_version, delta.table_layout)
     try:
         yield
     finally:
-        revision_module.files_of_version, revision_module.table_layout = saved
+        delta_commit.files_of_version, delta_commit.table_layout = saved
 
 
 def model_settings(examples: int, steps: int, derandomize: bool) -> settings:

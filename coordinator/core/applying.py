@@ -10,8 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from coordinator import metrics, validation
 from coordinator.core.state import CoreState, wall_ms
-from percolake.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from percolake.lake.delta_commit import CannotApplyAsRead
+from percolake.errors import (
+    CannotApplyAsRead,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+)
 from percolake.lake.warehouse import is_object_store
 from percolake.parallel import in_parallel
 from percolake.records import TxnRecord, delta_app_id

@@ -12,8 +12,6 @@ import logging
 
 from coordinator.core.state import CoreState
 from coordinator.core.vacuum import VACUUM_OR_REVISION
-from percolake.lake.delta_commit import open_table
-from percolake.lake.log_cleanup import clean_log
 
 log = logging.getLogger("percolake.coordinator")
 
@@ -34,6 +32,9 @@ class LogRetention(CoreState):
         Returns:
             The names of the ``_delta_log`` files deleted, oldest first.
         """
+        from percolake.lake.delta_commit import open_table
+        from percolake.lake.log_cleanup import clean_log
+
         canonical = self._canonical(table)
         with VACUUM_OR_REVISION:  # a revision reads an old version's files meanwhile
             keep_from = self.log_keep_from(canonical)

@@ -28,7 +28,6 @@ from coordinator import validation
 from coordinator.core.state import CoreState, wall_ms
 from coordinator.principal import current_principal
 from percolake.errors import FailedPrecondition, InvalidArgument, NotFound, TableQuarantined
-from percolake.lake.delta_commit import open_table
 from percolake.records import (
     RECOVERY_COMMAND,
     QuarantineChoice,
@@ -153,6 +152,8 @@ class Quarantining(CoreState):
         if record.choice == QuarantineChoice.REAPPLY:  # chosen before, cut short: finish it
             self._roll_forward(txn_id, canonical, time.monotonic() + self.config.snapshot_wait_s)
             return self._latest_record(canonical, txn_id)
+        from percolake.lake.delta_commit import open_table
+
         current = open_table(canonical)
         if current is None:
             raise FailedPrecondition(f"table {canonical} has no Delta table any more")

@@ -51,7 +51,6 @@ from coordinator.store.base import TableCommit
 from percolake.barriers import is_global_barrier
 from percolake.errors import FailedPrecondition, InvalidArgument, NotFound, TransactionAborted
 from percolake.failpoints import fail_point
-from percolake.lake.delta_commit import files_of_version, table_layout
 from percolake.lineage import Lineage
 from percolake.records import TableWriteRecord, TxnRecord, WriteMode
 from percolake.states import COMMITTED_STATES, LIVE_STATES, TxnState, check_transition
@@ -185,6 +184,8 @@ class Revising(CoreState):
     # ---------------------------------------------------------------- the plan
 
     def _plan_revision(self, table: str, barrier: int, reason: str) -> _Plan:
+        from percolake.lake.delta_commit import table_layout
+
         interval_ms = max(1, round(self.config.barrier_interval_s * 1000))
         if not is_global_barrier(barrier, interval_ms):
             raise FailedPrecondition(
@@ -261,6 +262,8 @@ class Revising(CoreState):
     def _writes(self, plan: _Plan) -> list[TableWriteRecord]:
         """The OVERWRITE of each affected table with its files at the barrier (Delta reads,
         outside the lock). A table with no Delta log yet has nothing to restore."""
+        from percolake.lake.delta_commit import files_of_version, table_layout
+
         writes = []
         for table in plan.tables:
             version = plan.restored[table]

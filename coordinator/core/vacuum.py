@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from coordinator import validation
@@ -31,7 +32,9 @@ from coordinator.oracle import wall_ms_of
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition
 from percolake.lake.defaults import DEFAULT_RETENTION_HOURS
-from percolake.lake.vacuum import TableVacuum
+
+if TYPE_CHECKING:
+    from percolake.lake.vacuum import TableVacuum
 
 log = logging.getLogger("percolake.coordinator")
 
@@ -76,6 +79,8 @@ class Vacuuming(CoreState):
                 the message names the first such lease, pipeline range or the floor. Or the
                 table has a Delta table feature percolake cannot write (named).
         """
+        from percolake.lake.vacuum import TableVacuum
+
         canonical = self._canonical(table)
         hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
         validation.check_range("retention_hours", hours, MAX_RETENTION_HOURS)

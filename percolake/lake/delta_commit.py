@@ -40,7 +40,7 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Sc
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from percolake.errors import FailedPrecondition, Unavailable
+from percolake.errors import CannotApplyAsRead, FailedPrecondition, Unavailable
 from percolake.failpoints import fail_point
 from percolake.lake import in_commit_timestamps, storage
 from percolake.lake.checkpoints import last_checkpoint_version
@@ -96,16 +96,6 @@ MAX_ATTEMPTS = 20
 # path, at the table's delta.checkpointInterval), log cleanup from the coordinator.
 NO_POST_COMMIT_HOOK = PostCommitHookProperties(create_checkpoint=False,
                                                cleanup_expired_logs=False)
-
-
-class CannotApplyAsRead(FailedPrecondition):
-    """A committed row-level write whose table an outside writer changed after the version it
-    read (I12): it is never applied against other data (docs/row-level-writes.md). ``problem``
-    names the conflicting commit."""
-
-    def __init__(self, message: str, problem: str = "") -> None:
-        super().__init__(message)
-        self.problem = problem or message
 
 
 class ApplyFailed(Unavailable, RuntimeError):

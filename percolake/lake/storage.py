@@ -39,14 +39,15 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
-
-import pyarrow.fs as pafs
 
 from percolake.errors import FailedPrecondition, ProtocolError, Unavailable
 from percolake.lake.warehouse import is_object_store, split_object_uri
 from percolake.parallel import leaf_submit
+
+if TYPE_CHECKING:  # Arrow's filesystems load with the first object-store call
+    import pyarrow.fs as pafs
 
 ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
             "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ALLOW_HTTP",
@@ -297,6 +298,8 @@ def s3_filesystem(settings: S3Settings | None = None,
                   bounds: Limits | None = None) -> pafs.S3FileSystem:
     """Arrow's native S3 filesystem with ``settings`` and ``bounds`` (default: the current
     ones; cached). Spark's executors pass the driver's, which their tasks carry."""
+    import pyarrow.fs as pafs
+
     settings = settings or s3_settings()
     bounds = bounds or _limits
     key = (settings, bounds)
@@ -533,6 +536,8 @@ def list_files(prefix_uri: str) -> dict[str, tuple[int, int | None]]:
     Raises:
         StorageRefused, StorageUnavailable, StorageSettingsError.
     """
+    import pyarrow.fs as pafs
+
     base = arrow_path(prefix_uri)
     try:
         infos = s3_filesystem().get_file_info(
@@ -548,6 +553,8 @@ def list_files(prefix_uri: str) -> dict[str, tuple[int, int | None]]:
 
 def object_size(uri: str) -> int | None:
     """The size of the object at ``uri`` (one HEAD), None if there is none."""
+    import pyarrow.fs as pafs
+
     try:
         info = s3_filesystem().get_file_info(arrow_path(uri))
     except OSError as exc:
@@ -557,6 +564,8 @@ def object_size(uri: str) -> int | None:
 
 def prefix_exists(uri: str) -> bool:
     """Whether any object lies below ``uri`` + ``/`` (one HEAD and one short LIST)."""
+    import pyarrow.fs as pafs
+
     try:
         info = s3_filesystem().get_file_info(arrow_path(uri))
     except OSError as exc:
@@ -566,6 +575,8 @@ def prefix_exists(uri: str) -> bool:
 
 def bucket_exists(uri: str) -> bool:
     """Whether the bucket of ``uri`` exists (one HEAD of the bucket)."""
+    import pyarrow.fs as pafs
+
     _, bucket, _ = split_object_uri(uri)
     try:
         info = s3_filesystem().get_file_info(bucket)
