@@ -26,6 +26,10 @@ from percolake.v1 import coordinator_pb2_grpc as pb_grpc
 from tests.daemon_support import wait_for
 
 LEASE_S = 0.3
+# A node that leads by hand (``lead``, no lease loop) on a clock of its own that never moves
+# stays valid however long the machine takes to load its core; its lease in the store (real
+# time) lasts HELD_S, so that the others read it as held meanwhile.
+HELD_S = 5.0
 
 
 class Clock:
@@ -132,8 +136,8 @@ def expire_lease() -> None:
     time.sleep(LEASE_S * 1.3)
 
 
-def test_the_first_node_acquires_and_the_other_stands_by(store, tmp_path):
-    a, b = Node(store, tmp_path, "1"), Node(store, tmp_path, "2")
+def test_the_first_node_acquires_and_the_other_stands_by(store, tmp_path, clock):
+    a, b = Node(store, tmp_path, "1", clock, lease_s=HELD_S), Node(store, tmp_path, "2")
     core = a.lead()
     lease = store.read_lease()
     assert (lease.holder, lease.address, lease.epoch) == ("node-1", a.address, a.leadership.epoch)
@@ -152,7 +156,7 @@ def test_the_first_node_acquires_and_the_other_stands_by(store, tmp_path):
 
 def test_renewals_keep_the_lease_and_a_release_hands_it_over(store, tmp_path):
     lease_s = 1.0  # real time here: room for a busy machine's scheduling delays
-    a, b = Node(store, tmp_path, "1", lease_s=lease_s), Node(store, tmp_path, "2")
+    a, b = Node(store, tmp_path, "1", lease_s=lease_s), Node(store, tmp_path, "2", Clock())
     a.leadership.start()
     try:
         wait_for(lambda: a.leadership.is_leader, 5, "a to lead")
@@ -172,7 +176,7 @@ def test_renewals_keep_the_lease_and_a_release_hands_it_over(store, tmp_path):
 
 
 def test_a_refused_renewal_steps_down(store, tmp_path, clock):
-    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2")
+    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2", Clock(), HELD_S)
     old = a.lead()
     with a.leadership.serving() as term:
         pass
@@ -191,7 +195,7 @@ def test_a_refused_renewal_steps_down(store, tmp_path, clock):
 
 def test_a_stepped_down_leader_names_the_new_one_before_its_loop_turns_again(store, tmp_path,
                                                                             clock):
-    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2")
+    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2", Clock(), HELD_S)
     a.lead()
     with a.leadership.serving() as term:
         pass
@@ -257,7 +261,7 @@ def test_a_renewal_hanging_on_the_store_stops_serving_when_validity_ends(store, 
 
 
 def test_a_write_refused_by_the_store_steps_down_and_answers_unavailable(store, tmp_path, clock):
-    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2")
+    a, b = Node(store, tmp_path, "1", clock), Node(store, tmp_path, "2", Clock(), HELD_S)
     a.lead()
     expire_lease()
     b.lead()  # a has not noticed: its renewal is not due by its own clock
