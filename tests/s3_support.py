@@ -1,5 +1,7 @@
-"""The S3 API server of the object-store tests: moto's ``ThreadedMotoServer`` on 127.0.0.1 and
-a free port, in a child process of its own.
+"""The S3 API server of the object-store tests: moto's S3 application on werkzeug's threaded
+server (as moto's ``ThreadedMotoServer``) on 127.0.0.1 and a free port, in a child process of
+its own; its conditional writes are decided one at a time, as S3 decides them
+(``ConditionalWritesOneAtATime``).
 
 Why a child process: some delta-rs calls (``DeltaTable.is_deltatable``, the object-store
 handler's listing) hold the GIL while they wait for the store, so a server thread in the same
@@ -330,17 +332,44 @@ def _close(end: socket.socket) -> None:
         end.close()
 
 
-def _serve() -> None:
-    from moto.server import ThreadedMotoServer
+class ConditionalWritesOneAtATime:
+    """A WSGI wrapper that serves the writes carrying ``If-None-Match``/``If-Match`` one at a
+    time. moto 5 checks the condition and then writes, with nothing between the two, so on its
+    threaded server two concurrent ``If-None-Match: *`` puts of one key could both win; S3 (and
+    SeaweedFS, ``tests/seaweed_support.py``) decides them atomically, as delta-rs's and
+    percolake's log writes rely on."""
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    print(server.get_host_and_port()[1], flush=True)
+    CONDITIONS = ("HTTP_IF_NONE_MATCH", "HTTP_IF_MATCH")
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") not in ("PUT", "POST") or not any(
+                name in environ for name in self.CONDITIONS):
+            return self.app(environ, start_response)
+        with self._lock:  # the whole answer is made inside: moto returns it as a list
+            return list(self.app(environ, start_response))
+
+
+def _serve() -> None:
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    app = ConditionalWritesOneAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(server.server_address[1], flush=True)
     try:
         while sys.stdin.buffer.read(1):  # until the parent closes the pipe (or dies)
             pass
     finally:
-        server.stop()
+        server.shutdown()
 
 
 if __name__ == "__main__":
