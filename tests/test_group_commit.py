@@ -221,9 +221,13 @@ def _wide_txn(txn_id: str, start_ts: int) -> TxnRecord:
     return record
 
 
-def test_a_flush_never_checkpoints_the_wal_on_the_serving_connection(tmp_path):
+def test_a_flush_never_checkpoints_the_wal_on_the_serving_connection(tmp_path, monkeypatch):
     """SQLite's own checkpoint ran inside the COMMIT past 1,000 WAL pages, under the store's
-    lock; the serving connection must leave every checkpoint to wal_checkpoints.py."""
+    lock; the serving connection must leave every checkpoint to wal_checkpoints.py (here never
+    late enough for the serving connection to step in)."""
+    from coordinator.store import wal_checkpoints
+
+    monkeypatch.setattr(wal_checkpoints, "LATE_PASSES", 10**6)
     store = SqliteStore(tmp_path, group_commit=True)
     store._checkpointer.close()  # no background pass either: the WAL only grows
     database = tmp_path / "coordinator.db"
@@ -243,6 +247,7 @@ def test_concurrent_flushes_are_checkpointed_in_the_background_and_the_wal_stays
 
     monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 4)
     monkeypatch.setattr(wal_checkpoints, "RESTART_PAGES", 100)
+    monkeypatch.setattr(wal_checkpoints, "LATE_PASSES", 2)  # 8 commits of up to 8 writers each
     store = SqliteStore(tmp_path, group_commit=True)
     database = tmp_path / "coordinator.db"
     size = database.stat().st_size
@@ -260,10 +265,35 @@ def test_concurrent_flushes_are_checkpointed_in_the_background_and_the_wal_stays
     assert store._checkpointer.checkpoints > 0
     assert database.stat().st_size > size  # the background passes copied the WAL
     # 800 rows of a page each were written: a WAL never reused takes a frame for every page
-    # of every commit (over 1,900 pages here). How often it restarts depends on when the
-    # background thread gets the CPU, so the bound asserted is the reuse itself
+    # of every commit (over 1,900 pages here); a background thread kept off the CPU is stepped
+    # in for after LATE_PASSES passes (the test above), so the bound asserted is the reuse
     assert (tmp_path / "coordinator.db-wal").stat().st_size < 1000 * 4096
     assert len(durable_ids(tmp_path)) == 800
+    store.close()
+
+
+def test_a_background_thread_that_never_runs_leaves_the_wal_bounded(tmp_path, monkeypatch):
+    """A machine too busy to give the checkpoint thread the CPU (here: the thread is gone): the
+    serving connection checkpoints once the thread is LATE_PASSES passes behind."""
+    from coordinator.store import wal_checkpoints
+
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 4)
+    store = SqliteStore(tmp_path, group_commit=True)
+    store._checkpointer.close()  # committed() still counts; no pass will ever run
+    wal = tmp_path / "coordinator.db-wal"
+    largest = 0
+    for i in range(800):
+        before = wal.stat().st_size if wal.exists() else 0
+        store.insert_txn(_wide_txn(f"t{i}", i + 1))
+        store.flush()
+        largest = max(largest, wal.stat().st_size - before)  # a commit's frames, at most
+    # never reused, the WAL would hold every commit's frames (tens of MB); reused, at most the
+    # commits one late window makes, and one more
+    late = 4 * wal_checkpoints.LATE_PASSES
+    assert wal.stat().st_size <= (late + 1) * largest + 32, (wal.stat().st_size, largest)
+    assert store._checkpointer.checkpoints == 0
+    assert len(durable_ids(tmp_path)) == 800
+    store._checkpointer = None
     store.close()
 
 

@@ -284,7 +284,7 @@ class SqliteStore(Store):
         """A checkpoint on the serving connection right after its COMMIT (under the lock, so
         nothing is appended meanwhile): it copies what the background passes left, and the
         next transaction writes the WAL from its start (wal_checkpoints.py)."""
-        self._checkpointer.restart_due = False
+        self._checkpointer.restarting()
         try:
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:  # committed data is safe; the WAL grows until the next

@@ -12,7 +12,9 @@ The writer reuses the WAL from its start only when a checkpoint copied all of it
 writer's next transaction began; under a steady load a background pass may always be a commit
 behind, so once a pass finds the WAL over ``restart_pages`` the next flush checkpoints on the
 serving connection right after its COMMIT, as SQLite would have (little is left to copy by
-then), and the following transaction reuses the WAL. I8 is unchanged: a reply waits for the
+then), and the following transaction reuses the WAL. The same happens when the background thread
+falls ``LATE_PASSES`` passes behind (a machine too busy to give it the CPU): the WAL stays
+bounded however the threads are scheduled. I8 is unchanged: a reply waits for the
 WAL's sync, and a checkpoint syncs the WAL before copying it and the database file after
 (synchronous=FULL on its connection), so no acknowledged write is ever only in pages a restart
 overwrites.
@@ -29,6 +31,7 @@ log = logging.getLogger("percolake.store")
 
 CHECKPOINT_EVERY = 32  # group commits between background checkpoints (~450 pages alone)
 RESTART_PAGES = 8000  # WAL pages (~32 MiB) after which the serving connection checkpoints once
+LATE_PASSES = 8  # passes the background thread may fall behind before the serving one steps in
 
 
 class WalCheckpointer:
@@ -41,6 +44,7 @@ class WalCheckpointer:
         self._every = max(1, CHECKPOINT_EVERY if every is None else every)
         self._restart_pages = RESTART_PAGES if restart_pages is None else restart_pages
         self._commits = 0
+        self._passed_at = 0  # commits made when the last pass (either connection's) began
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.restart_due = False  # read by the serving connection's flush, under its lock
@@ -53,6 +57,13 @@ class WalCheckpointer:
         self._commits += 1
         if self._commits % self._every == 0:
             self._wake.set()
+        if self._commits - self._passed_at >= self._every * LATE_PASSES:
+            self.restart_due = True
+
+    def restarting(self) -> None:
+        """Called when the serving connection checkpoints itself (under the store's lock)."""
+        self.restart_due = False
+        self._passed_at = self._commits
 
     def _run(self) -> None:
         while True:
@@ -60,12 +71,14 @@ class WalCheckpointer:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            began_at = self._commits
             try:
                 _, pages, _ = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             except sqlite3.Error as exc:  # the next pass tries again; the WAL grows meanwhile
                 log.warning("background WAL checkpoint failed: %s", exc)
                 continue
             self.checkpoints += 1
+            self._passed_at = max(self._passed_at, began_at)
             if pages > self._restart_pages:
                 self.restart_due = True
 
