@@ -21,11 +21,9 @@ if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
   # it trusts the system's certificates, as pip configured with them does). Both compile the
   # packages' bytecode at install, as Python cannot where PYTHONDONTWRITEBYTECODE is set: each
   # process would compile what it imports again.
-  if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.9,<1" \
+  if ! { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.9,<1" \
       && UV_NATIVE_TLS=1 "$VENV/bin/uv" pip install --quiet --compile-bytecode \
-        --python "$VENV/bin/python" -e "$ROOT[dev]"; then
-    :
-  else
+        --python "$VENV/bin/python" -e "$ROOT[dev]"; }; then
     echo "percolake: uv could not install the dependencies; installing with pip" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"

@@ -546,43 +546,35 @@ def list_files(prefix_uri: str) -> dict[str, tuple[int, int | None]]:
         raise storage_error(exc, prefix_uri, "list the objects below") from None
     found: dict[str, tuple[int, int | None]] = {}
     for info in infos:
-        if info.type == pafs.FileType.File and info.path.startswith(base + "/"):
+        if info.type.name == "File" and info.path.startswith(base + "/"):
             found[info.path[len(base) + 1:]] = (info.size, info.mtime_ns)
     return found
 
 
+def _file_info(path: str, uri: str, doing: str) -> Any:
+    """Arrow's file info of ``path`` (one HEAD); its type's name says what is there
+    (``File``, ``Directory``, ``NotFound``)."""
+    try:
+        return s3_filesystem().get_file_info(path)
+    except OSError as exc:
+        raise storage_error(exc, uri, doing) from None
+
+
 def object_size(uri: str) -> int | None:
     """The size of the object at ``uri`` (one HEAD), None if there is none."""
-    import pyarrow.fs as pafs
-
-    try:
-        info = s3_filesystem().get_file_info(arrow_path(uri))
-    except OSError as exc:
-        raise storage_error(exc, uri, "look up") from None
-    return info.size if info.type == pafs.FileType.File else None
+    info = _file_info(arrow_path(uri), uri, "look up")
+    return info.size if info.type.name == "File" else None
 
 
 def prefix_exists(uri: str) -> bool:
     """Whether any object lies below ``uri`` + ``/`` (one HEAD and one short LIST)."""
-    import pyarrow.fs as pafs
-
-    try:
-        info = s3_filesystem().get_file_info(arrow_path(uri))
-    except OSError as exc:
-        raise storage_error(exc, uri, "look up") from None
-    return info.type != pafs.FileType.NotFound
+    return _file_info(arrow_path(uri), uri, "look up").type.name != "NotFound"
 
 
 def bucket_exists(uri: str) -> bool:
     """Whether the bucket of ``uri`` exists (one HEAD of the bucket)."""
-    import pyarrow.fs as pafs
-
     _, bucket, _ = split_object_uri(uri)
-    try:
-        info = s3_filesystem().get_file_info(bucket)
-    except OSError as exc:
-        raise storage_error(exc, uri, "look up the bucket of") from None
-    return info.type != pafs.FileType.NotFound
+    return _file_info(bucket, uri, "look up the bucket of").type.name != "NotFound"
 
 
 def missing_bucket_error(uri: str, doing: str) -> StorageRefused | None:
