@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,11 +300,11 @@ def versions_of(reply: pb.GetSnapshotResponse) -> dict[str, int | None]:
 
 
 def ledger_read(client: Client, tables: tuple[str, str, str], consistency: str,
-                retry_s: float | None = None,
-                refusals: list[str] | None = None) -> LedgerRead | None:
+                retry_s: float | None = None, refusals: list[str] | None = None,
+                totals: Callable[..., Totals] = table_totals) -> LedgerRead | None:
     """One read of (debits, credits, ledger) with ``consistency``; None if the coordinator
     had no answer yet (a topology barrier not completed by every table), its refusal then
-    appended to ``refusals``."""
+    appended to ``refusals``. ``totals`` reads a table's version (``table_totals``)."""
     try:
         reply = client.call("GetSnapshot", pb.GetSnapshotRequest(
             tables=list(tables), consistency=CONSISTENCIES[consistency]), retry_s=retry_s)
@@ -317,9 +317,9 @@ def ledger_read(client: Client, tables: tuple[str, str, str], consistency: str,
     versions = versions_of(reply)
     debits, credits, ledger = tables
     point = reply.barrier_ts if consistency == "topology" else reply.snapshot_ts
-    return LedgerRead(consistency, point, table_totals(debits, versions[debits]),
-                      table_totals(credits, versions[credits]),
-                      table_totals(ledger, versions[ledger], absolute=True))
+    return LedgerRead(consistency, point, totals(debits, versions[debits]),
+                      totals(credits, versions[credits]),
+                      totals(ledger, versions[ledger], absolute=True))
 
 
 @dataclass
@@ -346,6 +346,9 @@ class LedgerReaders:
         self.backwards: list[str] = []
         self.rounds = 0
         self.last_round_at = time.monotonic()
+        # a table's version never changes: each is read once, not at every round that names it
+        # (the tables move every second or so; the readers go round ten times a second)
+        self._totals: dict[tuple[str, int | None, bool], Totals] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ledger-readers", daemon=True)
 
@@ -369,7 +372,8 @@ class LedgerReaders:
     def read_once(self, client: Client, name: str) -> LedgerRead | None:
         stats = self.stats[name]
         try:
-            read = ledger_read(client, self.tables, name, refusals=stats.refusals)
+            read = ledger_read(client, self.tables, name, refusals=stats.refusals,
+                               totals=self._version_totals)
         except Exception as exc:  # the coordinator restarting beyond the retries: noted
             stats.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             return None
@@ -385,6 +389,13 @@ class LedgerReaders:
                 self.backwards.append(f"topology barrier {read.point} after {self.barriers[-1]}")
             self.barriers.append(read.point)
         return read
+
+    def _version_totals(self, table: str, version: int | None, absolute: bool = False
+                        ) -> Totals:
+        key = (table, version, absolute)
+        if key not in self._totals:
+            self._totals[key] = table_totals(table, version, absolute)
+        return self._totals[key]
 
     def summary(self) -> str:
         return " | ".join(f"{name}: {s.reads} reads, {s.broken} broken"
