@@ -33,10 +33,18 @@ from tests.crash.checker import (
 
 
 class FileCache:
-    """Data files never change once written: read each once."""
+    """Data files and a table's versions never change once written: read each once."""
 
     def __init__(self) -> None:
         self.summaries: dict[str, dict[str, Any]] = {}
+        self.versions: dict[tuple[str, int], list[str]] = {}
+
+    def file_uris(self, path: str, version: int) -> list[str]:
+        """The data files of ``path`` at ``version`` (delta-rs loads the log once per version,
+        not at every observation that names it)."""
+        if (path, version) not in self.versions:
+            self.versions[path, version] = open_delta(path, version=version).file_uris()
+        return self.versions[path, version]
 
     def summary(self, path: str) -> dict[str, Any]:
         if path not in self.summaries:
@@ -70,11 +78,10 @@ def observe(stub: pb_grpc.CoordinatorStub, tables: dict[str, str], cache: FileCa
         seen: dict[str, Any] = {"version": None, "txns": {}, "rows": 0, "sum": 0}
         if version.exists:
             seen["version"] = version.delta_version
-            dt = open_delta(path, version=version.delta_version)
             root = table_root(path)
             balances: list[list[int]] = []
             by_account: dict[str, int] = {}
-            for uri in dt.file_uris():
+            for uri in cache.file_uris(path, version.delta_version):
                 relative = relative_to_root(uri, root)
                 summary = cache.summary(f"{root}/{relative}")
                 txn = str(txn_of_path(relative))
