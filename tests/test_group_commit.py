@@ -15,6 +15,7 @@ from coordinator.store import SqliteStore, sqlite
 from percolake.errors import StoreConflict
 from percolake.records import TxnRecord
 from percolake.states import TxnState
+from tests.daemon_support import wait_for
 
 
 def txn(txn_id: str, start_ts: int) -> TxnRecord:
@@ -312,6 +313,61 @@ def test_a_wal_past_its_bound_is_checkpointed_by_the_next_flush(tmp_path):
     assert not store._checkpointer.restart_due
     store._checkpointer = None
     store.close()
+
+
+class _BusyCheckpoints:
+    """The serving connection, but its checkpoints answer busy (a background pass holds the
+    checkpoint) until ``busy`` is cleared."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn, self.busy, self.tried = conn, True, 0
+
+    def execute(self, sql: str, *args: object) -> object:
+        if "wal_checkpoint" in sql:
+            self.tried += 1
+            if self.busy:
+                return self.conn.execute("SELECT 1, -1, -1")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.conn, name)
+
+
+def test_a_restart_that_finds_a_background_pass_under_way_is_tried_at_the_next_flush(tmp_path):
+    store = SqliteStore(tmp_path, group_commit=True)
+    store._checkpointer.close()
+    database = tmp_path / "coordinator.db"
+    size = database.stat().st_size
+    store._conn = busy = _BusyCheckpoints(store._conn)
+    store._checkpointer.restart_due = True
+    store.insert_txn(_wide_txn("a", 1))
+    store.flush()
+    assert busy.tried == 1 and store._checkpointer.restart_due  # busy: still due
+    assert database.stat().st_size == size
+    busy.busy = False
+    store.insert_txn(_wide_txn("b", 2))
+    store.flush()
+    assert busy.tried == 2 and not store._checkpointer.restart_due
+    assert database.stat().st_size > size  # this one copied the WAL
+    store._conn = busy.conn
+    store._checkpointer = None
+    store.close()
+
+
+def test_no_background_pass_starts_while_a_restart_is_due(tmp_path):
+    from coordinator.store.wal_checkpoints import WalCheckpointer
+
+    SqliteStore(tmp_path, group_commit=True).close()
+    checkpointer = WalCheckpointer(tmp_path / "coordinator.db", every=1)
+    checkpointer.restart_due = True  # the serving connection's next flush checkpoints
+    for _ in range(3):
+        checkpointer.committed()
+        time.sleep(0.05)
+    assert checkpointer.checkpoints == 0
+    checkpointer.restarted(busy=False)
+    checkpointer.committed()
+    wait_for(lambda: checkpointer.checkpoints == 1, 10, "a background pass")
+    checkpointer.close()
 
 
 class _RecordingCondition(threading.Condition):

@@ -284,11 +284,12 @@ class SqliteStore(Store):
         """A checkpoint on the serving connection right after its COMMIT (under the lock, so
         nothing is appended meanwhile): it copies what the background passes left, and the
         next transaction writes the WAL from its start (wal_checkpoints.py)."""
-        self._checkpointer.restarting()
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:  # committed data is safe; the WAL grows until the next
             log.warning("WAL checkpoint after a commit failed: %s", exc)
+            busy = False
+        self._checkpointer.restarted(bool(busy))
 
     def _sync_wal_or_stop(self) -> None:
         """Syncs the WAL file: every COMMIT made before is on stable storage after it.

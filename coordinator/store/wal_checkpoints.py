@@ -14,7 +14,10 @@ behind, so once a pass finds the WAL over ``restart_pages`` the next flush check
 serving connection right after its COMMIT, as SQLite would have (little is left to copy by
 then), and the following transaction reuses the WAL. The same happens when the background thread
 falls ``LATE_PASSES`` passes behind (a machine too busy to give it the CPU): the WAL stays
-bounded however the threads are scheduled. I8 is unchanged: a reply waits for the
+bounded however the threads are scheduled. While a restart is due no background pass starts (a
+pass in progress, slow to sync on a busy disk, would make the serving one's checkpoint return
+busy again and again while the WAL grew); a restart that found one in progress is tried again at
+the next flush. I8 is unchanged: a reply waits for the
 WAL's sync, and a checkpoint syncs the WAL before copying it and the database file after
 (synchronous=FULL on its connection), so no acknowledged write is ever only in pages a restart
 overwrites.
@@ -60,10 +63,13 @@ class WalCheckpointer:
         if self._commits - self._passed_at >= self._every * LATE_PASSES:
             self.restart_due = True
 
-    def restarting(self) -> None:
-        """Called when the serving connection checkpoints itself (under the store's lock)."""
-        self.restart_due = False
-        self._passed_at = self._commits
+    def restarted(self, busy: bool) -> None:
+        """Called when the serving connection has checkpointed (under the store's lock);
+        ``busy``: a background pass held the checkpoint, so the next flush tries again (no
+        new pass starts while a restart is due)."""
+        self.restart_due = busy
+        if not busy:
+            self._passed_at = self._commits
 
     def _run(self) -> None:
         while True:
@@ -71,6 +77,8 @@ class WalCheckpointer:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if self.restart_due:  # the serving connection's next flush checkpoints: leave it
+                continue
             began_at = self._commits
             try:
                 _, pages, _ = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
