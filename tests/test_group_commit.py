@@ -268,7 +268,9 @@ def test_concurrent_flushes_are_checkpointed_in_the_background_and_the_wal_stays
     # 800 rows of a page each were written: a WAL never reused takes a frame for every page
     # of every commit (over 1,900 pages here); a background thread kept off the CPU is stepped
     # in for after LATE_PASSES passes (the test above), so the bound asserted is the reuse
-    assert (tmp_path / "coordinator.db-wal").stat().st_size < 1000 * 4096
+    checkpointer = store._checkpointer
+    assert (tmp_path / "coordinator.db-wal").stat().st_size < 1000 * 4096, \
+        (checkpointer.checkpoints, checkpointer.restarts)  # passes; restarts made, found busy
     assert len(durable_ids(tmp_path)) == 800
     store.close()
 

@@ -52,6 +52,7 @@ class WalCheckpointer:
         self._stop = threading.Event()
         self.restart_due = False  # read by the serving connection's flush, under its lock
         self.checkpoints = 0  # background passes made (for tests and benchmarks)
+        self.restarts = [0, 0]  # the serving connection's checkpoints: made, found busy
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
         self._thread.start()
 
@@ -68,6 +69,7 @@ class WalCheckpointer:
         ``busy``: a background pass held the checkpoint, so the next flush tries again (no
         new pass starts while a restart is due)."""
         self.restart_due = busy
+        self.restarts[busy] += 1
         if not busy:
             self._passed_at = self._commits
 
