@@ -17,10 +17,9 @@ falls ``LATE_PASSES`` passes behind (a machine too busy to give it the CPU): the
 bounded however the threads are scheduled. While a restart is due no background pass starts (a
 pass in progress, slow to sync on a busy disk, would make the serving one's checkpoint return
 busy again and again while the WAL grew); a restart that found one in progress is tried again at
-the next flush. I8 is unchanged: a reply waits for the
-WAL's sync, and a checkpoint syncs the WAL before copying it and the database file after
-(synchronous=FULL on its connection), so no acknowledged write is ever only in pages a restart
-overwrites.
+the next flush. I8 is unchanged: a reply waits for the WAL's sync, and a checkpoint syncs the
+WAL before copying it and the database file after (synchronous=FULL on its connection), so no
+acknowledged write is ever only in pages a restart overwrites.
 """
 
 from __future__ import annotations
