@@ -795,7 +795,7 @@ def test_a_merge_computes_a_non_delta_source_once_and_reads_a_delta_source_as_it
         computed.add(1)
         return value
 
-    count = F.udf(counted, "long")
+    count = F.udf(counted, "long", useArrow=False)  # a plain Python UDF, as by default
     source = spark.range(10, 30).select(count(F.col("id")).alias("id"),
                                         F.lit(7).cast("long").alias("value"))
 
