@@ -12,6 +12,7 @@ naive (read_committed) and plain snapshot reads break it while the ledger lags.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -348,7 +349,7 @@ class LedgerReaders:
         self.last_round_at = time.monotonic()
         # a table's version never changes: each is read once, not at every round that names it
         # (the tables move every second or so; the readers go round ten times a second)
-        self._totals: dict[tuple[str, int | None, bool], Totals] = {}
+        self._version_totals = functools.cache(table_totals)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ledger-readers", daemon=True)
 
@@ -389,13 +390,6 @@ class LedgerReaders:
                 self.backwards.append(f"topology barrier {read.point} after {self.barriers[-1]}")
             self.barriers.append(read.point)
         return read
-
-    def _version_totals(self, table: str, version: int | None, absolute: bool = False
-                        ) -> Totals:
-        key = (table, version, absolute)
-        if key not in self._totals:
-            self._totals[key] = table_totals(table, version, absolute)
-        return self._totals[key]
 
     def summary(self) -> str:
         return " | ".join(f"{name}: {s.reads} reads, {s.broken} broken"

@@ -51,7 +51,8 @@ class WalCheckpointer:
         self._stop = threading.Event()
         self.restart_due = False  # read by the serving connection's flush, under its lock
         self.checkpoints = 0  # background passes made (for tests and benchmarks)
-        self.restarts = [0, 0]  # the serving connection's checkpoints: made, found busy
+        self.restarts = 0  # the serving connection's checkpoints made (for tests) ...
+        self.busy_restarts = 0  # ... and found busy, a background pass under way
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
         self._thread.start()
 
@@ -68,8 +69,10 @@ class WalCheckpointer:
         ``busy``: a background pass held the checkpoint, so the next flush tries again (no
         new pass starts while a restart is due)."""
         self.restart_due = busy
-        self.restarts[busy] += 1
-        if not busy:
+        if busy:
+            self.busy_restarts += 1
+        else:
+            self.restarts += 1
             self._passed_at = self._commits
 
     def _run(self) -> None:
