@@ -44,6 +44,7 @@ from sparkside.row_level import (
     condition_column,
     observed,
 )
+from sparkside.table_rules import generation_expressions, regenerated
 
 TableState = Callable[[], RowLevelTable]
 T_HERE, S_HERE, ACTION, ROW_ID = "__percolake_t", "__percolake_s", "__percolake_action", \
@@ -139,7 +140,10 @@ class TransactionDeltaTable:
         # the old versions of updated rows deleted by a deletion vector
         output = rows.where(matched | ~in_place).select(*[
             F.when(matched, new[c]).otherwise(F.col(c)).alias(c) if c in new else F.col(c)
-            for c in state.columns()])
+            for c in state.columns()], matched.alias(ACTION))
+        output = regenerated(output, state.columns(), state.schema_json, {
+            name: F.col(ACTION) for name in generation_expressions(state.schema_json)
+            if name not in new})
         deleted = rows.where(matched & in_place) if merge_on_read else None
         changes = None
         if state.change_data:
@@ -507,7 +511,10 @@ def _merge(state: RowLevelTable, table: TransactionDeltaTable, target: DataFrame
     keep = (act.isNotNull() & ~act.isin(deletes)) if deletes else act.isNotNull()
     # merge-on-read: target rows of the table's files that no clause acts on stay where they
     # are; those it updates or deletes get a deletion vector
-    output = joined.where(keep | (act.isNull() & t_here & ~in_place)).select(*outputs)
+    output = joined.where(keep | (act.isNull() & t_here & ~in_place)).select(*outputs, act)
+    output = regenerated(output, columns, state.schema_json, {
+        name: act.isNotNull() & ~act.isin([i for i in new if name in new[i]])
+        for name in generation_expressions(state.schema_json)})
     deleted = joined.where(t_here & act.isNotNull() & in_place) if merge_on_read else None
     changes = None
     if state.change_data and touched:  # as delta-spark: none when no target file is rewritten

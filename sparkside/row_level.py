@@ -41,7 +41,12 @@ from pyspark.sql import functions as F
 from percolake.lake.conflicts import log_entries_after
 from percolake.lake.deletion_vector_files import stored_descriptor
 from percolake.lake.deletion_vectors import deletion_vectors
-from percolake.lake.delta_commit import TableLayout, files_of_version, open_table
+from percolake.lake.delta_commit import (
+    TableLayout,
+    files_of_version,
+    open_table,
+    table_constraints,
+)
 from percolake.lake.log_entry import log_path
 from percolake.lake.read_set import (
     WHOLE_TABLE,
@@ -76,6 +81,12 @@ from sparkside.file_scan import FileScan
 from sparkside.nested_fields import spark_type
 from sparkside.read_predicates import read_predicate
 from sparkside.reader import read_table_version
+from sparkside.table_rules import (
+    checked_rows,
+    generation_expressions,
+    regenerated,
+    violation_of,
+)
 from sparkside.writer import write_files
 
 FILE = "__percolake_file"  # the hidden column naming each row's data file
@@ -156,6 +167,8 @@ class RowLevelTable:
     mapping: ColumnMapping | None = None  # a column-mapped table's (its files' names)
     max_column_id: int = 0  # a column-mapped table's delta.columnMapping.maxColumnId, so far
     change_data: bool = False  # delta.enableChangeDataFeed: operations write change files
+    constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
+    batch_id: int = -1  # the batch writing it, for the errors' messages
     changes: dict[str, ChangeFileRecord] = field(default_factory=dict)  # by relative path
     implied: list[DataFrame] = field(default_factory=list)  # changes no change file holds yet
     implied_written: int = 0  # folders of implied changes written so far
@@ -168,7 +181,8 @@ class RowLevelTable:
     _scanned: dict[str, Any] = field(default_factory=dict, repr=False)  # ``note_scan``'s
 
     @classmethod
-    def read(cls, spark: SparkSession, table: str, location: str) -> RowLevelTable:
+    def read(cls, spark: SparkSession, table: str, location: str,
+             batch_id: int = -1) -> RowLevelTable:
         """The table at its latest version, pinned: call with the table held by the attempt.
 
         Raises:
@@ -199,6 +213,7 @@ class RowLevelTable:
                    mapping=ColumnMapping(files.schema_json) if mapped else None,
                    max_column_id=mapping_max_column_id(configuration, files.schema_json),
                    change_data=change_data,
+                   constraints=table_constraints(configuration), batch_id=batch_id,
                    isolation_level=table_isolation_level(configuration),
                    type_widening=type_widening_enabled(configuration)
                    and "typeWidening" in writers)
@@ -442,9 +457,7 @@ class RowLevelTable:
             self.implied.append(self._as_changes(self.rows_of(touched), DELETE))
         adds: list[AddFileRecord] = []
         if output is not None:
-            adds = (write_files(output, self.table, folder, self.partition_by)
-                    if self.mapping is None
-                    else self.mapping.write(output, self.table, folder, self.partition_by))
+            adds = self._write_checked(output, folder)
             self.added_folders.update({a.path: folder for a in adds})
             self.added.update({a.path: a for a in adds})
         change_files = 0
@@ -490,6 +503,25 @@ class RowLevelTable:
         self.operation_reads = []
         self.metrics_update(metrics)
         return metrics
+
+    def _write_checked(self, output: DataFrame, folder: str) -> list[AddFileRecord]:
+        """Writes an operation's ``output`` as new files under ``folder``, every row checked
+        against the table's rules (NOT NULL, CHECK constraints, generated columns) as the
+        executors write it, as delta-spark's commands check theirs.
+
+        Raises:
+            ConstraintViolation: a row breaks a rule; the batch fails before its commit.
+        """
+        rows = checked_rows(output, self.schema_json, self.constraints)
+        try:
+            return (write_files(rows, self.table, folder, self.partition_by)
+                    if self.mapping is None
+                    else self.mapping.write(rows, self.table, folder, self.partition_by))
+        except Exception as exc:
+            violation = violation_of(exc, self.table, self.batch_id)
+            if violation is None:
+                raise
+            raise violation from None
 
     def merge_on_read_for(self, touched: Sequence[str]) -> bool:
         """Whether an operation touching ``touched`` keeps the table's files with deletion
@@ -592,7 +624,12 @@ class RowLevelTable:
     def _write_changes(self, changes: DataFrame, folder: str) -> int:
         """Has the executors write ``changes`` as change files under ``folder``'s
         ``_change_data`` (partitioned like the table); returns how many."""
-        rows, location = changes.select(*self.columns(), CHANGE_TYPE), f"{folder}/{CHANGE_FOLDER}"
+        location = f"{folder}/{CHANGE_FOLDER}"
+        # a new row's generated columns as its written row has them (an assigned value is
+        # checked to equal its expression there, or the operation failed)
+        new_row = F.col(CHANGE_TYPE).isin(UPDATE_POSTIMAGE, INSERT)
+        rows = regenerated(changes, [*self.columns(), CHANGE_TYPE], self.schema_json, {
+            name: new_row for name in generation_expressions(self.schema_json)})
         written = (write_files(rows, self.table, location, self.partition_by)
                    if self.mapping is None  # else physical names, _change_type as it is
                    else self.mapping.write(rows, self.table, location, self.partition_by,
@@ -762,7 +799,8 @@ class RowLevelWrites:
                     "batch starts. Create it in an earlier batch (or with CREATE TABLE ... "
                     "USING DELTA), or compute the rows before the batch's one txn.write")
             location = self._declare(table, canonical)
-            self.tables[canonical] = RowLevelTable.read(self._spark, canonical, location)
+            self.tables[canonical] = RowLevelTable.read(self._spark, canonical, location,
+                                                        self.batch_id)
         return self.tables[canonical]
 
     def records(self) -> list[TableWriteRecord]:

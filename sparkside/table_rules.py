@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -60,9 +61,11 @@ def quoted(path: str) -> str:
 
 
 def table_rules(schema_json: str, constraints: tuple[tuple[str, str], ...],
-                given: set[str]) -> list[Rule]:
+                given: set[str], shown: Callable[[str], str] = lambda text: f"({text})"
+                ) -> list[Rule]:
     """The rules of a table (schema JSON, ``(name, expression)`` constraints) for a batch that
-    gives the columns ``given``."""
+    gives the columns ``given``; ``shown`` spells an expression in a refusal's message
+    (``spark_sql_of``: as delta-spark's does)."""
     fields = json.loads(schema_json)["fields"]
     rules = [Rule(f"{quoted(path)} IS NOT NULL",
                   f"{NOT_NULL_CLASS} NOT NULL constraint violated for column: {path}.")
@@ -72,17 +75,32 @@ def table_rules(schema_json: str, constraints: tuple[tuple[str, str], ...],
         if expression and field["name"] in given:
             text = f"{field['name']} <=> {expression}"
             rules.append(Rule(f"{quoted(field['name'])} <=> ({expression})",
-                              _check_message(GENERATED_NAME, text),
+                              _check_message(GENERATED_NAME, shown(text)),
                               referenced_columns(text, [f["name"] for f in fields])))
     names = [f["name"] for f in fields]
     for name, expression in constraints:
-        rules.append(Rule(f"coalesce(({expression}), false)", _check_message(name, expression),
+        rules.append(Rule(f"coalesce(({expression}), false)",
+                          _check_message(name, shown(expression)),
                           referenced_columns(expression, names)))
     return rules
 
 
-def _check_message(name: str, expression: str) -> str:
-    return f"{CHECK_CLASS} CHECK constraint {name} ({expression}) violated by row with values:"
+def _check_message(name: str, shown: str) -> str:
+    return f"{CHECK_CLASS} CHECK constraint {name} {shown} violated by row with values:"
+
+
+def spark_sql_of(spark: SparkSession) -> Callable[[str], str]:
+    """An expression as Spark's parser spells it back (``(v > 0)``, ``(g <=> (v * 2))``), as
+    delta-spark's refusals show a rule; the text in parentheses if Spark cannot parse it."""
+    parser = spark._jsparkSession.sessionState().sqlParser()  # noqa: SLF001
+
+    def shown(text: str) -> str:
+        try:
+            return str(parser.parseExpression(text).sql())
+        except Exception:  # noqa: BLE001 - Spark's parse error: the rule's own check reports it
+            return f"({text})"
+
+    return shown
 
 
 def not_null_paths(fields: list[dict[str, Any]], prefix: str = "") -> list[str]:
@@ -162,8 +180,39 @@ def conform_batch(df: DataFrame, layout: TableLayout | None, table: str,
                                       for n, e in generated])
     order = [f["name"] for f in table_fields] + new
     shaped = shaped.select(*[F.col(quoted(n)) for n in order])
-    rules = table_rules(layout.schema_json, layout.constraints, given)
+    rules = table_rules(layout.schema_json, layout.constraints, given,
+                        spark_sql_of(df.sparkSession))
     return shaped.where(_raising_condition(rules)) if rules else shaped
+
+
+def generation_expressions(schema_json: str) -> dict[str, str]:
+    """The table's generated columns: each one's name and generation expression."""
+    return {f["name"]: expression for f in json.loads(schema_json)["fields"]
+            if (expression := (f.get("metadata") or {}).get(GENERATION_KEY))}
+
+
+def regenerated(rows: DataFrame, columns: list[str], schema_json: str,
+                recompute: dict[str, Column]) -> DataFrame:
+    """``rows`` in ``columns`` (the table's; helper columns beside them are dropped) with each
+    generated column named in ``recompute`` computed again from the row's new values where its
+    condition is true, as delta-spark's UPDATE and MERGE compute the generated columns an
+    assignment does not name; elsewhere the row's own value stays."""
+    types = {f.name: f.dataType for f in T.StructType.fromJson(json.loads(schema_json))}
+    expressions = generation_expressions(schema_json)
+    return rows.select(*[
+        F.when(recompute[name], F.expr(expressions[name]).cast(types[name]))
+        .otherwise(F.col(quoted(name))).alias(name)
+        if name in recompute else F.col(quoted(name)) for name in columns])
+
+
+def checked_rows(rows: DataFrame, schema_json: str,
+                 constraints: tuple[tuple[str, str], ...]) -> DataFrame:
+    """``rows`` in the table's columns, every one of them given (a row-level operation's
+    output), with the table's rules as a raising filter (module doc): delta-spark checks every
+    row its commands write."""
+    rules = table_rules(schema_json, constraints, set(generation_expressions(schema_json)),
+                        spark_sql_of(rows.sparkSession))
+    return rows.where(_raising_condition(rules)) if rules else rows
 
 
 def _raising_condition(rules: list[Rule]) -> Column:

@@ -727,6 +727,14 @@ class TableLayout(NamedTuple):
 CONSTRAINT_PREFIX = "delta.constraints."
 
 
+def table_constraints(configuration: Mapping[str, str | None]
+                      ) -> tuple[tuple[str, str], ...]:
+    """A table's CHECK constraints (``delta.constraints.<name>``) as ``(name, SQL)``, by name."""
+    return tuple(sorted((key.removeprefix(CONSTRAINT_PREFIX), value or "")
+                        for key, value in configuration.items()
+                        if key.startswith(CONSTRAINT_PREFIX)))
+
+
 def table_layout(table_uri: str) -> TableLayout | None:
     """The current layout of a table, or None if it does not exist."""
     table = open_table(table_uri)
@@ -743,9 +751,7 @@ def _layout_of(table: DeltaTable) -> TableLayout:
     protocol = table_protocol(versions.min_reader_version, versions.min_writer_version,
                               versions.reader_features, versions.writer_features,
                               configuration)
-    constraints = tuple(sorted((key.removeprefix(CONSTRAINT_PREFIX), value)
-                               for key, value in configuration.items()
-                               if key.startswith(CONSTRAINT_PREFIX)))
+    constraints = table_constraints(configuration)
     schema_json = table.schema().to_json()
     return TableLayout(table.version(), schema_json,
                        list(metadata.partition_columns), append_only, protocol, constraints,

@@ -150,6 +150,79 @@ def test_merge_schema_adds_columns_in_the_batch_commit_as_delta_spark_merges(
     participant.close()
 
 
+ROW_LEVEL_COLUMNS = "id BIGINT NOT NULL, v INT, g INT GENERATED ALWAYS AS (v * 2)"
+
+
+def refusal_text(error: BaseException) -> str:
+    """A refusal's message from its error class on, as far as the rule's values go."""
+    text = str(error)
+    return text[text.index("[DELTA_"):].split("\n\tat ")[0].split(" SQLSTATE")[0].strip()
+
+
+def test_update_and_merge_keep_the_tables_rules_and_compute_its_generated_columns_as_delta_spark(
+        spark, lake_daemon, lake):
+    """``txn.delta_table``'s UPDATE and MERGE on a delta-spark-made table with NOT NULL, a
+    CHECK constraint, a generated column and the change data feed: the generated column is
+    computed from each updated or inserted row (in the table and in its change rows) as
+    delta-spark's own operations compute it on a copy; a row breaking a rule (CHECK, NOT NULL, a
+    generated column given a wrong value) fails the batch with delta-spark's refusal, and
+    nothing is committed."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    from tests.spark.helpers import run_on_both
+
+    ours, theirs = lake / "ruled-rows", lake / "ruled-rows-reference"
+    for table in (ours, theirs):
+        spark.sql(f"CREATE TABLE delta.`{table}` ({ROW_LEVEL_COLUMNS}) USING DELTA "
+                  "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+        spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT positive CHECK (v > 0)")
+        spark.sql(f"INSERT INTO delta.`{table}` (id, v) VALUES (1, 5), (2, 6)")
+    participant = Participant(lake_daemon.target, pipeline_id=f"rows-{uuid.uuid4().hex[:6]}")
+    source = spark.createDataFrame([(2, 8), (3, 9)], "id BIGINT, v INT")
+
+    def merge(dt, s):  # noqa: ANN001, ANN202
+        (dt.alias("t").merge(s.alias("s"), "t.id = s.id")
+         .whenMatchedUpdate(set={"v": "s.v"})
+         .whenNotMatchedInsert(values={"id": "s.id", "v": "s.v"}).execute())
+
+    def read(table: Path) -> list:
+        return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
+
+    def changes(table: Path, version: int) -> list:
+        return sorted(tuple(r) for r in spark.read.format("delta")
+                      .option("readChangeFeed", "true").option("startingVersion", version)
+                      .option("endingVersion", version).load(str(table))
+                      .select("id", "v", "g", "_change_type").collect())
+
+    operations = [lambda dt, s: dt.update("id = 1", {"v": "7"}), merge]
+    for batch_id, operation in enumerate(operations):
+        run_on_both(spark, participant, batch_id, [operation], source, ours, theirs)
+        assert read(ours) == read(theirs), batch_id
+        version = versions(ours)[0]
+        assert changes(ours, version) == changes(theirs, version), batch_id
+    assert read(ours) == [(1, 7, 14), (2, 8, 16), (3, 9, 18)]
+
+    refused = [  # each breaks one rule in one row
+        lambda dt: dt.update("id = 1", {"v": "-1"}),
+        lambda dt: (dt.alias("t").merge(spark.createDataFrame([(4, 4)], "id BIGINT, v INT")
+                                        .alias("s"), "t.id = s.id")
+                    .whenNotMatchedInsert(values={"v": "s.v"}).execute()),
+        lambda dt: dt.update("id = 2", {"v": "10", "g": "0"}),
+    ]
+    for n, operation in enumerate(refused, start=len(operations)):
+        with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's class
+            operation(SparkDeltaTable.forPath(spark, str(theirs)))
+        with pytest.raises(ConstraintViolation) as ours_refused:
+            participant.run_batch(spark.range(1), n,
+                                  lambda df, b, txn, op=operation: op(txn.delta_table(str(ours))))
+        assert refusal_text(theirs_refused.value) in str(ours_refused.value), n
+        assert "Nothing was committed" in str(ours_refused.value)
+    assert read(ours) == read(theirs) and versions(ours) == [4]
+    states = [t.state for t in transactions(lake_daemon.stub, participant.pipeline_id)]
+    assert states.count(pb.ABORTED) == len(refused)
+    participant.close()
+
+
 def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
         spark, lake_daemon, lake):
     database = f"percolake_{uuid.uuid4().hex[:8]}"
