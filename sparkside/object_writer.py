@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame
 from percolake.errors import ProtocolError
 from percolake.lake import storage
 from percolake.lake.parquet_stats import delta_stats
+from percolake.lake.partition_values import timestamp_partition_value
 from percolake.lake.warehouse import split_object_uri
 from percolake.records import AddFileRecord
 
@@ -186,9 +187,7 @@ def _partition_value(value: object) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return timestamp_partition_value(value)
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):

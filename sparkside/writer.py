@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from percolake.lake.parquet_stats import delta_stats
+from percolake.lake.partition_values import timestamp_partition_value
 from percolake.lake.warehouse import is_object_store, local_path
 from percolake.records import AddFileRecord
 from sparkside.object_writer import write_object_files
@@ -119,10 +120,12 @@ def delta_timestamps(session: SparkSession) -> Iterator[None]:
 
 def _canonical_partitions(add: AddFileRecord, types: dict[str, T.DataType],
                           session_zone: str) -> AddFileRecord:
-    """Timestamp partition values as Delta stores them: UTC, with microseconds.
+    """Timestamp partition values as delta-spark writes them: UTC, with microseconds, in ISO
+    8601 with a ``Z`` (``2026-01-01T12:00:00.000000Z``); timestamp_ntz ones without a zone.
 
     Spark names timestamp partition folders in the session time zone and drops a zero
-    fraction; Delta reads a timestamp partition value without zone as UTC.
+    fraction; delta-spark reads a timestamp partition value without a zone in the reading
+    session's time zone, so a zoneless UTC value would read hours off outside UTC.
     """
     values = dict(add.partition_values)
     for column, value in values.items():
@@ -131,9 +134,8 @@ def _canonical_partitions(add: AddFileRecord, types: dict[str, T.DataType],
             continue
         moment = datetime.datetime.fromisoformat(value)
         if isinstance(data_type, T.TimestampType):
-            moment = moment.replace(tzinfo=zoneinfo.ZoneInfo(session_zone)) \
-                .astimezone(datetime.timezone.utc)
-        values[column] = moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+            moment = moment.replace(tzinfo=zoneinfo.ZoneInfo(session_zone))
+        values[column] = timestamp_partition_value(moment)
     return dataclasses.replace(add, partition_values=values)
 
 

@@ -60,7 +60,7 @@ from percolake.lake.log_entry import (
     put_entry,
     remove_action,
 )
-from percolake.lake.partition_values import typed_partition_value
+from percolake.lake.partition_values import timestamp_partition_value, typed_partition_value
 from percolake.lake.schema_evolution import (
     MAX_COLUMN_ID,
     SchemaConflict,
@@ -602,7 +602,7 @@ def _partition_string(value: object) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime.datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return timestamp_partition_value(value)
     if isinstance(value, datetime.date):
         return value.isoformat()
     return str(value)

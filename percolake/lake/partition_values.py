@@ -33,3 +33,13 @@ def typed_partition_value(value: object, delta_type: str) -> object:
     except (TypeError, ValueError, decimal.InvalidOperation):
         pass
     return str(value)
+
+
+def timestamp_partition_value(moment: datetime.datetime) -> str:
+    """A timestamp partition value as delta-spark writes it: an instant (a zone-aware value,
+    a ``timestamp`` column's) in UTC, ISO 8601 with a ``Z``; a local date-time (naive, a
+    ``timestamp_ntz`` column's) without a zone. delta-spark reads a zoneless value of a
+    ``timestamp`` column in the reading session's time zone."""
+    if moment.tzinfo is None:
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -70,7 +70,7 @@ def test_awkward_partition_values_on_s3_read_back_through_delta_spark_and_delta_
              (5, "", noon)], schema)
         write = commit(uri, first, "x0", 0, ["s", "at"])
         assert {a.partition_values["at"] for a in write.add_files} \
-            == {"2026-01-01 12:00:00.000000", "2026-01-02 05:00:00.000000"}
+            == {"2026-01-01T12:00:00.000000Z", "2026-01-02T05:00:00.000000Z"}
         assert all("/../" not in f"/{a.path}/" and "a/b" not in a.path for a in write.add_files)
         second = spark_s3.createDataFrame([(10, "a/b c:d%", noon), (11, None, noon)], schema)
         commit(uri, second, "x1", 1, ["s", "at"], WriteMode.OVERWRITE_PARTITIONS)

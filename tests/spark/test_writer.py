@@ -134,13 +134,18 @@ def test_awkward_partition_values_survive_overwrite_partitions_and_read_back(spa
         # Spark names the folders in New York time; Delta gets UTC
         assert any("at=2026-01-01 07%3A00%3A00" in a.path for a in write.add_files)
         assert {a.partition_values["at"] for a in write.add_files} \
-            == {"2026-01-01 12:00:00.000000", "2026-01-02 05:00:00.000000"}
+            == {"2026-01-01T12:00:00.000000Z", "2026-01-02T05:00:00.000000Z"}
         second = spark.createDataFrame([(10, "a/b c:d%", noon), (11, None, noon)], schema)
         commit(table, second, "x1", 1, ["s", "at"], WriteMode.OVERWRITE_PARTITIONS)
+        # delta-spark reads the values as the same instants in a session outside UTC (a
+        # zoneless value it would read in New York time, five hours off)
+        read_in_new_york = spark.read.format("delta").load(str(table)).toArrow().to_pylist()
     finally:
         spark.conf.set("spark.sql.session.timeZone", zone)
     expected = [(2, "x=y", noon), (4, "a/b c:d%", next_day), (10, "a/b c:d%", noon),
                 (11, None, noon)]
+    assert sorted((r["id"], r["s"], r["at"].astimezone(utc)) for r in read_in_new_york) \
+        == expected
     delta_rows = read_delta_table(str(table)).to_pylist()
     assert sorted((r["id"], r["s"], r["at"]) for r in delta_rows) == expected
     frame = read_table_version(spark, f"file://{table}", 1)
