@@ -24,7 +24,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.auth import tokens
-from coordinator.auth.credentials import BootstrapTokenError, bootstrap_token_hash
+from coordinator.auth.credentials import BootstrapTokenError, Credentials, bootstrap_token_hash
+from coordinator.auth.identity import Unauthenticated, authenticate
+from coordinator.auth_records import TokenRecord
 from coordinator.launcher import DaemonProcess
 from coordinator.store import MemoryStore
 from percolake.credentials import ClientSecurity
@@ -244,6 +246,27 @@ def test_the_bootstrap_token_file_is_made_private_and_refused_when_others_may_re
     path.write_text("short\n")
     with pytest.raises(BootstrapTokenError, match="at least 32 characters"):
         bootstrap_token_hash(path)
+
+
+def test_only_the_bootstrap_token_has_the_bootstrap_admins_rights(tmp_path):
+    """A stored token for principal ``admin`` (made while authentication was off) is not the
+    bootstrap admin: it authenticates nobody, so ADMIN on '*' stays with the token file."""
+    bootstrap = bootstrap_token_hash(tmp_path / "admin.token")
+    stored = tokens.new_token()
+    credentials = Credentials(lambda: ([TokenRecord(stored.token_id, stored.secret_hash,
+                                                    "admin", 1)], []), bootstrap)
+    credentials.refresh()
+    token_file = (tmp_path / "admin.token").read_text().strip()
+    assert authenticate(credentials, [f"Bearer {token_file}"], None) == "admin"
+    with pytest.raises(Unauthenticated, match="only the bootstrap token"):
+        authenticate(credentials, [f"Bearer {stored.bearer}"], None)
+
+
+def test_no_token_can_be_created_for_the_bootstrap_principal(secured):
+    expect_status(secured.as_("admin").CreateToken, pb.CreateTokenRequest(principal="admin"),
+                  grpc.StatusCode.INVALID_ARGUMENT, "'admin' is reserved", "--admin-token-file")
+    listed = secured.as_("admin").ListTokens(pb.ListTokensRequest()).tokens
+    assert "admin" not in {t.principal for t in listed}
 
 
 # ---------------------------------------------------------------- permissions

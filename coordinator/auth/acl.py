@@ -27,6 +27,9 @@ EVERYTHING = "*"
 # A client certificate whose subject CN is ``alice`` is principal ``cert:alice``: certificate
 # principals never meet token principals (a CN ``admin`` is not the bootstrap admin).
 CERT_PREFIX = "cert:"
+# The bootstrap token's principal (--admin-token-file): no stored token may name it, so its
+# ADMIN on every pipeline goes to that token alone.
+BOOTSTRAP_PRINCIPAL = "admin"
 
 
 def check_principal(principal: str, *, wildcard: bool = False) -> None:
@@ -51,12 +54,17 @@ def check_common_name(name: str) -> None:
 
 
 def check_token_principal(principal: str) -> None:
-    """A token's principal: any principal but a certificate's (``cert:...``)."""
+    """A token's principal: any principal but a certificate's (``cert:...``) and the
+    bootstrap admin."""
     check_principal(principal)
     if principal.lower().startswith(CERT_PREFIX):
         raise InvalidArgument(f"principal {principal[:80]!r} names a client certificate "
                               f"({CERT_PREFIX}<CN>); a token's principal cannot start with "
                               f"{CERT_PREFIX!r}")
+    if principal == BOOTSTRAP_PRINCIPAL:
+        raise InvalidArgument(f"principal {BOOTSTRAP_PRINCIPAL!r} is reserved for the "
+                              "bootstrap token (--admin-token-file); create the token for "
+                              "another principal (e.g. 'ops') and grant it ADMIN on '*'")
 
 
 def check_entry(entry: AclRecord, canonical_table: Callable[[str], str]) -> AclRecord:

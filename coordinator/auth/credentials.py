@@ -16,13 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.auth import tokens
-from coordinator.auth.acl import EVERYTHING, Policy
+from coordinator.auth.acl import BOOTSTRAP_PRINCIPAL, EVERYTHING, Policy
 from coordinator.auth_records import AclRecord, Permission, Resource, TokenRecord
 from coordinator.store.base import Store
 
 log = logging.getLogger("percolake.auth")
 
-BOOTSTRAP_PRINCIPAL = "admin"
 REFRESH_S = 2.0
 Loader = Callable[[], tuple[list[TokenRecord], list[AclRecord]]]
 
@@ -103,10 +102,12 @@ class Credentials:
         return Policy([*entries, AclRecord(BOOTSTRAP_PRINCIPAL, Resource.PIPELINE, EVERYTHING,
                                            Permission.ADMIN)])
 
-    def principal_of(self, bearer: str) -> str | None:
-        """The principal a bearer token names; None for an unknown, revoked or malformed one."""
-        if self._bootstrap_hash is not None and tokens.matches(bearer, self._bootstrap_hash):
-            return BOOTSTRAP_PRINCIPAL
+    def is_bootstrap(self, bearer: str) -> bool:
+        """Whether ``bearer`` is the bootstrap admin token (principal ``admin``)."""
+        return self._bootstrap_hash is not None and tokens.matches(bearer, self._bootstrap_hash)
+
+    def stored_principal_of(self, bearer: str) -> str | None:
+        """The principal a stored token names; None for an unknown, revoked or malformed one."""
         parts = tokens.split(bearer)
         if parts is None:
             return None

@@ -16,7 +16,7 @@ import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from coordinator.auth.acl import CERT_PREFIX, check_common_name
+from coordinator.auth.acl import BOOTSTRAP_PRINCIPAL, CERT_PREFIX, check_common_name
 from coordinator.auth.credentials import Credentials
 from percolake.errors import InvalidArgument
 
@@ -78,13 +78,11 @@ def authenticate(credentials: Credentials, authorization: Sequence[str],
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("malformed authorization (not 'Bearer <token>')")
-        principal = credentials.principal_of(token)
-        if principal is not None and principal.lower().startswith(CERT_PREFIX):
-            # made before certificate principals were kept apart: never one of theirs
-            raise Unauthenticated(f"this token names principal {principal[:80]!r}, which only "
-                                  "a client certificate may be; revoke it and create one for "
-                                  "another principal")
+        if credentials.is_bootstrap(token):
+            return BOOTSTRAP_PRINCIPAL
+        principal = credentials.stored_principal_of(token)
         if principal is not None:
+            _check_stored_principal(principal)
             return principal
         if not credentials.loaded:
             raise Unauthenticated("the coordinator has not loaded its tokens from the store "
@@ -94,3 +92,15 @@ def authenticate(credentials: Credentials, authorization: Sequence[str],
     if certificate:
         return certificate_principal(certificate)
     raise Unauthenticated("no credential")
+
+
+def _check_stored_principal(principal: str) -> None:
+    """A stored token made before its principal was reserved acts as nobody."""
+    if principal.lower().startswith(CERT_PREFIX):
+        raise Unauthenticated(f"this token names principal {principal[:80]!r}, which only "
+                              "a client certificate may be; revoke it and create one for "
+                              "another principal")
+    if principal == BOOTSTRAP_PRINCIPAL:
+        raise Unauthenticated(f"this token names principal {BOOTSTRAP_PRINCIPAL!r}, which only "
+                              "the bootstrap token (--admin-token-file) may be; revoke it and "
+                              "create one for another principal")

@@ -70,8 +70,8 @@ def add_commands(commands: Any, default_target: str) -> None:
         "hash. revoke takes effect at once. list never shows a token, only its id.")
     tokens.add_argument("action", choices=["create", "revoke", "list"], help="what to do")
     tokens.add_argument("--principal", help="create: whom the token authenticates (not "
-                        "'cert:...', the principals of client certificates); list: only this "
-                        "principal's tokens")
+                        "'cert:...', the principals of client certificates, nor 'admin', the "
+                        "bootstrap token's); list: only this principal's tokens")
     tokens.add_argument("--description", default="",
                         help="create: a note kept with the token (what uses it)")
     tokens.add_argument("--id", dest="token_id", metavar="TOKEN_ID",
