@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 QUERY_ID = "c0ffee00-1234-4abc-8def-0123456789ab"
+NEW_QUERY_ID = "c0ffee00-5678-4abc-8def-0123456789ab"
 
 
 class Caller:
@@ -391,6 +392,24 @@ def test_own_abort_needs_write_only_and_a_driver_reset_needs_require_idle(secure
     reset = alice.ResetPipeline(pb.ResetPipelineRequest(pipeline_id=pipeline, reason="new "
                                                         "checkpoint", require_idle=True))
     assert reset.changed
+
+
+def test_a_write_only_reset_is_a_new_checkpoints_and_never_rebinds_its_query_id(secured):
+    """WRITE with require_idle resets for a new query id only: not for the query id of the
+    generation it replaces (I9: its replays would land again), nor from a start barrier of
+    its choosing (ADMIN: that skips or re-reads input)."""
+    pipeline = unique("a-driver-reset")
+    alice = secured.as_("alice")
+    alice.RegisterPipeline(pb.RegisterPipelineRequest(pipeline_id=pipeline, query_id=QUERY_ID))
+    expect_status(alice.ResetPipeline, pb.ResetPipelineRequest(
+        pipeline_id=pipeline, reason="x", require_idle=True, query_id=QUERY_ID),
+        grpc.StatusCode.FAILED_PRECONDITION, "drives generation 0", "new checkpoint")
+    expect_status(alice.ResetPipeline, pb.ResetPipelineRequest(
+        pipeline_id=pipeline, reason="x", require_idle=True, start_barrier=0),
+        DENIED, "ADMIN", "start_barrier")
+    reset = alice.ResetPipeline(pb.ResetPipelineRequest(
+        pipeline_id=pipeline, reason="new checkpoint", require_idle=True, query_id=NEW_QUERY_ID))
+    assert reset.changed and reset.pipeline.query_id == NEW_QUERY_ID
 
 
 def test_table_permissions_are_checked_on_canonical_names(secured):

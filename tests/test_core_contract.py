@@ -1,7 +1,8 @@
 """Contract gaps of the core (issue 13): each test failed before its fix.
 
 - I10: attempt files are deleted only once the abort that orphans them is on disk (item 2);
-- I9: a query id of an earlier generation never binds a later one unless a reset names it (7);
+- I9: a query id of an earlier generation, or of the one a reset replaces, never binds a later
+  one, whoever resets (7);
 - calls without an epoch are refused on a bound pipeline (8);
 - cleanup failures never escape, one bad transaction never stops the resolver (10);
 - the resolver's roll-forward delay and ``require_idle`` use the monotonic clock (11);
@@ -79,18 +80,39 @@ def test_query_id_of_an_earlier_generation_never_binds_a_later_one(tmp_path):
     core.reset_pipeline("p", "checkpoint replaced", 0)
     with pytest.raises(FailedPrecondition, match="reset") as refused:
         core.register_pipeline("p", old)  # the old checkpoint's driver comes back
-    assert "generation 0" in str(refused.value) and "--query-id" in str(refused.value)
+    assert "generation 0" in str(refused.value) and "new checkpoint" in str(refused.value)
     with pytest.raises(FailedPrecondition, match="checkpoint replaced"):
         core.open_transaction("p", 5, core.get_pipeline("p").epoch, old)
+    # named in a reset, by an operator too: its batch 5 would be written a second time
+    with pytest.raises(FailedPrecondition, match="drove generation 0"):
+        core.reset_pipeline("p", "restart old checkpoint", 1, query_id=old)
     assert core.get_pipeline("p").query_id == ""  # nothing bound by the refusals
-    # named explicitly in a reset, the old query id drives the next generation
-    pipeline, changed, _ = core.reset_pipeline("p", "restart old checkpoint", 1, query_id=old)
-    assert changed and pipeline.generation == 2 and pipeline.query_id == old
-    assert pipeline.resets[-1].bound_query_id == old
-    epoch = core.register_pipeline("p", old).epoch
-    assert run_batch(core, tmp_path, "p", 5, ["a"], epoch, old).generation == 2
+    pipeline, changed, _ = core.reset_pipeline("p", "new checkpoint", 1, query_id=new)
+    assert changed and pipeline.generation == 2 and pipeline.query_id == new
+    epoch = core.register_pipeline("p", new).epoch
+    assert run_batch(core, tmp_path, "p", 5, ["a"], epoch, new).generation == 2
     with pytest.raises(QueryIdMismatch):
-        core.register_pipeline("p", new)
+        core.register_pipeline("p", old)
+
+
+@pytest.mark.parametrize("require_idle", [False, True], ids=["plain", "require_idle"])
+def test_a_reset_never_binds_the_query_id_of_the_generation_it_replaces(tmp_path, require_idle):
+    """I9 and I2: bound again, the same query's replay of batch 0 would land a second time."""
+    clock = FakeClock()
+    core = TransactionCoordinator(MemoryStore(), CoordinatorConfig([str(tmp_path)],
+                                                                   txn_timeout_s=60),
+                                  applier=FakeDelta(), monotonic=clock)
+    query = str(uuid.uuid4())
+    epoch = core.register_pipeline("p", query).epoch
+    run_batch(core, tmp_path, "p", 0, ["a"], epoch, query)
+    clock.now += 61  # idle
+    with pytest.raises(FailedPrecondition, match="drives generation 0") as refused:
+        core.reset_pipeline("p", "same checkpoint", 0, require_idle=require_idle,
+                            query_id=query)
+    assert "new checkpoint" in str(refused.value)
+    pipeline = core.get_pipeline("p")
+    assert (pipeline.generation, pipeline.epoch, pipeline.query_id) == (0, epoch, query)
+    assert core.open_transaction("p", 0, epoch, query)[1]  # still a replay, not a new batch
 
 
 def test_a_plain_reset_lets_a_new_query_id_bind(tmp_path):

@@ -30,8 +30,9 @@ The rules (docs/security.md has the table):
   pipeline ('*') and WRITE on the table: it decides what becomes of a committed write (audited).
 - Nobody drives the reserved pipeline ``percolake.revise`` (the coordinator's revisions): a
   request naming it as its pipeline, or acting on one of its transactions, is refused.
-- ResetPipeline: ADMIN; with ``require_idle`` (a driver's automatic reset, refused while the
-  pipeline is active) WRITE is enough.
+- ResetPipeline: ADMIN; with ``require_idle`` and no ``start_barrier`` (a driver's automatic
+  reset on a new checkpoint, refused while the pipeline is active) WRITE is enough. Where the
+  new generation's input starts (skipping or re-reading a range) is an operator's decision.
 - The administrative RPCs (ACL entries, tokens): ADMIN on every pipeline ('*').
 """
 
@@ -343,11 +344,12 @@ def _release_quarantine(checks: Checks, request: Any) -> Decision:
 
 
 def _reset(checks: Checks, request: Any) -> Decision:
-    if request.require_idle and checks.has(Permission.WRITE, request.pipeline_id):
+    automatic = request.require_idle and not request.HasField("start_barrier")
+    if automatic and checks.has(Permission.WRITE, request.pipeline_id):
         audit.note(pipeline=request.pipeline_id)
     else:
         checks.pipeline(Permission.ADMIN, request.pipeline_id,
-                        " (WRITE suffices for a reset with require_idle)")
+                        " (WRITE suffices for a reset with require_idle and no start_barrier)")
     return Decision(action="reset pipeline")
 
 

@@ -201,9 +201,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="reset only if this is the current generation (compare-and-set); "
                        "repeating a succeeded request then changes nothing")
     reset.add_argument("--query-id",
-                       help="bind the new generation to this Spark query id at once; needed to "
-                       "run a query id of an earlier generation again (its checkpoint restarted "
-                       "on purpose)")
+                       help="bind the new generation to this Spark query id (the new "
+                       "checkpoint's) at once; the current or an earlier generation's query id "
+                       "is refused (its replays would be written twice)")
     reset.add_argument("--start-barrier", type=_non_negative_int,
                        help="where the new generation's percolake input starts (an oracle "
                        "timestamp, such as a barrier `topology --json` shows); default: the "

@@ -74,19 +74,30 @@ class Fencing(CoreState):
 
     @staticmethod
     def _refuse_earlier_query_id(pipeline: PipelineRecord, query_id: str) -> None:
-        """I9: a query id bound to an earlier generation never binds a later one by itself;
-        its batch ids belong to that generation, and taking it would write them again."""
+        """I9: a query id bound to an earlier generation never binds a later one; its batch
+        ids belong to that generation, and taking it would write them again."""
         for reset in reversed(pipeline.resets):
             if reset.previous_query_id == query_id:
                 raise FailedPrecondition(
                     f"Spark query id {query_id} drove generation {reset.from_generation} of "
                     f"pipeline {pipeline.pipeline_id!r}, which was reset to generation "
-                    f"{reset.to_generation} ({reset.reason!r}); it cannot bind generation "
-                    f"{pipeline.generation}, or its replays would be written again. Start the "
-                    "query on a new checkpoint, or name it in a reset: percolake-coordinator "
-                    f"reset-pipeline --pipeline {pipeline.pipeline_id} --generation "
-                    f"{pipeline.generation} --query-id {query_id} --reason \"...\""
+                    f"{reset.to_generation} ({reset.reason!r}); it cannot bind a later "
+                    "generation, or its replays would be written again. Start the query on "
+                    "a new checkpoint (it gets a new Spark query id)"
                 )
+
+    @staticmethod
+    def _refuse_replaced_query_id(pipeline: PipelineRecord, query_id: str) -> None:
+        """I9: a reset never binds the new generation to the query id of the one it replaces
+        (its replays of committed batches would be written again as new)."""
+        if query_id == pipeline.query_id:
+            raise FailedPrecondition(
+                f"Spark query id {query_id} drives generation {pipeline.generation} of "
+                f"pipeline {pipeline.pipeline_id!r}; a reset cannot bind it to generation "
+                f"{pipeline.generation + 1}, or its replays of batches already committed "
+                "would be written again. A reset is for a new checkpoint: start the query on "
+                "one and reset with its query id, or without one"
+            )
 
     def _check_idle(self, pipeline: PipelineRecord) -> None:
         live = [t.txn_id for t in self._unfinished.values()

@@ -75,7 +75,7 @@ class Pipelines(CoreState):
         start_barrier: int | None = None, keep_plan: bool = True, revision: bool = False,
     ) -> tuple[PipelineRecord, bool, list[str]]:
         """Starts a new generation: live attempts aborted, epoch bumped, query id unbound (or
-        bound to ``query_id`` at once, which may be a query id of an earlier generation).
+        bound to ``query_id`` at once; never the query id of this or an earlier generation, I9).
 
         The new generation's percolake input starts at ``start_barrier`` (a revision's), by
         default where the pipeline's input stands: the last input barrier it committed, in any
@@ -118,8 +118,9 @@ class Pipelines(CoreState):
                 )
             if require_idle:
                 self._check_idle(current)
-                if query_id:  # I9: only a person may bring an earlier generation's id back
-                    self._refuse_earlier_query_id(current, query_id)
+            if query_id:
+                self._refuse_replaced_query_id(current, query_id)
+                self._refuse_earlier_query_id(current, query_id)
             if start_barrier is not None and not revision:
                 self._check_start_not_back(current, start_barrier)
             pipeline = current.copy()
