@@ -159,14 +159,16 @@ def by_column(paths: dict[str, Path], columns: Sequence[str]) -> dict[str, list[
 
 def assigned_value(current: Column | None, column_type: T.DataType,
                    assignments: Sequence[Assigned], allow_missing: bool,
-                   kept: Column | None = None) -> Column:
+                   kept: Column | None = None, column: str = "") -> Column:
     """The new value of a column (or struct field) of ``column_type`` whose current value is
     ``current`` under ``assignments`` (checked by ``check_paths``): an assignment of the whole
     column is fitted to its type (``kept``: an UpdateAll's target value, see ``fitted``); one
-    below it rebuilds the struct from its fields, each assigned or kept."""
+    below it rebuilds the struct from its fields, each assigned or kept. ``column``: its name
+    (``a.b`` for a field), for a refusal of a value."""
     whole = [a for a in assignments if not a.below]
     if whole:
-        return fitted(whole[0].value, whole[0].value_type, column_type, allow_missing, kept)
+        return fitted(whole[0].value, whole[0].value_type, column_type, allow_missing, kept,
+                      column)
     if current is None or not isinstance(column_type, T.StructType):
         raise AssertionError(f"nested assignments to a {column_type.simpleString()} value")
     parts = []
@@ -174,7 +176,8 @@ def assigned_value(current: Column | None, column_type: T.DataType,
         mine = [Assigned(a.below[1:], a.value, a.value_type) for a in assignments
                 if _field(column_type, a.below[0]) is field]
         value = current.getField(field.name)
-        parts.append((assigned_value(value, field.dataType, mine, allow_missing)
+        parts.append((assigned_value(value, field.dataType, mine, allow_missing,
+                                     column=f"{column}.{field.name}" if column else field.name)
                       if mine else value).alias(field.name))
     return F.struct(*parts)
 

@@ -689,7 +689,7 @@ def _new_values(paths: dict[str, Path], values: dict[str, Column],
     return {column: assigned_value(
                 current(column), types[column],
                 [Assigned(paths[k][1:], values[k], value_types[k]) for k in keys],
-                allow_missing, kept(column))
+                allow_missing, kept(column), column)
             for column, keys in by_column(paths, columns).items()}
 
 

@@ -28,9 +28,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkside.errors import MergeClauseError
+from sparkside.store_assignment import assigned_cast
 from sparkside.writer import as_nullable, struct_schema_json
 
 SCHEMA_MISMATCH_CLASS = "[DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION]"
+ATOMIC = (T.AtomicType, T.NullType)
 
 
 def evolving_source_schema(source: T.StructType, table: T.StructType, star: bool,
@@ -93,11 +95,13 @@ def _field_type(struct: T.StructType, name: str) -> T.DataType | None:
 
 
 def fitted(value: Column, value_type: T.DataType, target: T.DataType, allow_missing: bool,
-           kept: Column | None = None) -> Column:
+           kept: Column | None = None, column: str = "") -> Column:
     """``value`` (of Spark type ``value_type``) assigned to a column or field of type
     ``target``, cast as delta-spark casts it (module doc): structs (also in arrays and map
     values) matched by field name, case aside; ``allow_missing`` (schema evolution): a field
     the value lacks is null, or with ``kept`` (an UpdateAll's target value) the target's.
+    ``column``: the column (or field ``a.b``) assigned, named by a refusal of a value
+    (``sparkside.store_assignment``).
 
     Raises:
         MergeClauseError: ``mismatch`` found a struct that cannot be matched
@@ -110,7 +114,7 @@ def fitted(value: Column, value_type: T.DataType, target: T.DataType, allow_miss
             f"{SCHEMA_MISMATCH_CLASS} Cannot cast {given.simpleString()} to "
             f"{wanted.simpleString()}. All nested columns must match (withSchemaEvolution() "
             "adds the source's new fields to the table).")
-    return _fit(value, value_type, target, kept)
+    return _fit(value, value_type, target, kept, column)
 
 
 def mismatch(value_type: T.DataType, target: T.DataType, allow_missing: bool
@@ -135,7 +139,7 @@ def mismatch(value_type: T.DataType, target: T.DataType, allow_missing: bool
 
 
 def _fit(value: Column, value_type: T.DataType, target: T.DataType,
-         kept: Column | None = None) -> Column:
+         kept: Column | None = None, column: str = "") -> Column:
     """``fitted``'s value, ``mismatch`` having found none."""
     if isinstance(value_type, T.ArrayType) and isinstance(target, T.ArrayType) \
             and isinstance(value_type.elementType, T.StructType) \
@@ -155,12 +159,14 @@ def _fit(value: Column, value_type: T.DataType, target: T.DataType,
         return shaped.cast(as_nullable(target))
     if isinstance(value_type, T.StructType) and isinstance(target, T.StructType) \
             and not _same_ignoring_case(value_type, target):
-        return _struct_by_name(value, value_type, target, kept)
+        return _struct_by_name(value, value_type, target, kept, column)
+    if isinstance(value_type, ATOMIC) and isinstance(target, ATOMIC):
+        return assigned_cast(value, value_type, target, column)
     return value.cast(target) if value_type != target else value
 
 
 def _struct_by_name(value: Column, value_type: T.StructType, target: T.StructType,
-                    kept: Column | None) -> Column:
+                    kept: Column | None, column: str) -> Column:
     """The value's fields in the target's order, by name; a field it lacks null, or the
     ``kept`` target value's; null where the value is (and ``kept`` is, if it gives fields)."""
     given = {f.name.lower(): f for f in value_type.fields}
@@ -169,7 +175,8 @@ def _struct_by_name(value: Column, value_type: T.StructType, target: T.StructTyp
         found = given.get(field.name.lower())
         before = kept.getField(field.name) if kept is not None else None
         if found is not None:
-            part = _fit(value.getField(found.name), found.dataType, field.dataType, before)
+            part = _fit(value.getField(found.name), found.dataType, field.dataType, before,
+                        f"{column}.{field.name}" if column else field.name)
         else:
             part = before if before is not None else F.lit(None).cast(field.dataType)
         parts.append(part.alias(field.name))

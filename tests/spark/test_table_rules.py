@@ -223,6 +223,66 @@ def test_update_and_merge_keep_the_tables_rules_and_compute_its_generated_column
     participant.close()
 
 
+def test_assigned_values_are_cast_by_the_store_assignment_policy_as_delta_spark_casts_them(
+        spark, lake_daemon, lake):
+    """In a session with ``spark.sql.ansi.enabled=false``, an UPDATE or a MERGE assigning a
+    value its column's type cannot hold fails as delta-spark's does (the store assignment
+    policy, ANSI by default: an overflow, a malformed string), nothing committed, where a plain
+    cast would have written a wrapped number or null; one that fits is written alike; under
+    the LEGACY policy both wrap it alike."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    from tests.spark.helpers import run_on_both
+
+    ours, theirs = lake / "assigned", lake / "assigned-reference"
+    for table in (ours, theirs):
+        spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, v INT, s STRING) USING DELTA")
+        spark.sql(f"INSERT INTO delta.`{table}` VALUES (1, 1, 'abc'), (2, 2, '7')")
+    participant = Participant(lake_daemon.target, pipeline_id=f"cast-{uuid.uuid4().hex[:6]}")
+    source = spark.createDataFrame([(2, 3000000000)], "id BIGINT, big BIGINT")
+
+    def read(table: Path) -> list:
+        return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
+
+    def from_class(error: BaseException, error_class: str) -> str:
+        text = str(error)
+        return text[text.index(error_class):].split(" SQLSTATE")[0].split("\n\tat ")[0]
+
+    refused = [  # (what delta-spark raises, the operation)
+        ("[DELTA_CAST_OVERFLOW_IN_TABLE_WRITE]",
+         lambda dt: dt.update("id = 1", {"v": "3000000000L"})),
+        ("[DELTA_CAST_OVERFLOW_IN_TABLE_WRITE]",
+         lambda dt: (dt.alias("t").merge(source.alias("x"), "t.id = x.id")
+                     .whenMatchedUpdate(set={"v": "x.big"}).execute())),
+        ("[CAST_INVALID_INPUT]", lambda dt: dt.update("id = 1", {"v": "s"})),
+    ]
+    ansi = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    try:
+        for n, (error_class, operation) in enumerate(refused):
+            with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's
+                operation(SparkDeltaTable.forPath(spark, str(theirs)))
+            with pytest.raises(Exception) as ours_refused:  # noqa: PT011 - the write job's
+                participant.run_batch(spark.range(1), n,
+                                      lambda df, b, txn, op=operation: op(
+                                          txn.delta_table(str(ours))))
+            assert from_class(theirs_refused.value, error_class) \
+                in str(ours_refused.value), n
+        assert read(ours) == read(theirs) == [(1, 1, "abc"), (2, 2, "7")]
+        fits = [lambda dt, s: dt.update("id = 2", {"v": "s"})]  # '7' and 7L fit an int
+        run_on_both(spark, participant, len(refused), fits, source, ours, theirs)
+        spark.conf.set("spark.sql.storeAssignmentPolicy", "LEGACY")
+        wraps = [lambda dt, s: dt.update("id = 1", {"v": "3000000000L"})]
+        run_on_both(spark, participant, len(refused) + 1, wraps, source, ours, theirs)
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", ansi)
+        spark.conf.unset("spark.sql.storeAssignmentPolicy")
+    assert read(ours) == read(theirs) == [(1, -1294967296, "abc"), (2, 7, "7")]
+    states = [t.state for t in transactions(lake_daemon.stub, participant.pipeline_id)]
+    assert states.count(pb.ABORTED) == len(refused)
+    participant.close()
+
+
 def test_catalog_names_resolve_to_their_locations_and_an_unknown_one_is_refused(
         spark, lake_daemon, lake):
     database = f"percolake_{uuid.uuid4().hex[:8]}"
