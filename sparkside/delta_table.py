@@ -80,6 +80,7 @@ class TransactionDeltaTable:
     def delete(self, condition: str | Column | None = None) -> None:
         """Deletes the rows where ``condition`` is true (all rows without one)."""
         state = self._state()
+        state.refuse_removal()
         state.start()
         target = self._frame(state)
         matched = F.coalesce(condition_column(condition), F.lit(False))
@@ -114,6 +115,7 @@ class TransactionDeltaTable:
         without one)."""
         assignments = column_mapping(set, "'set'")
         state = self._state()
+        state.refuse_removal()
         state.start()
         target = self._frame(state)
         paths = {key: key_path(target, key) for key in assignments}

@@ -94,6 +94,7 @@ USER_METADATA_KEY = "spark.databricks.delta.commitInfo.userMetadata"
 SPARK_WRITE_MARK = "percolake:inside-batch:"
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 DELETION_VECTORS = "delta.enableDeletionVectors"
+APPEND_ONLY = "delta.appendOnly"
 CHANGE_TYPE = "_change_type"  # Delta's change data column and its values
 INSERT, DELETE = "insert", "delete"
 UPDATE_PREIMAGE, UPDATE_POSTIMAGE = "update_preimage", "update_postimage"
@@ -168,6 +169,7 @@ class RowLevelTable:
     max_column_id: int = 0  # a column-mapped table's delta.columnMapping.maxColumnId, so far
     change_data: bool = False  # delta.enableChangeDataFeed: operations write change files
     constraints: tuple[tuple[str, str], ...] = ()  # delta.constraints.<name>: (name, SQL)
+    append_only: bool = False  # delta.appendOnly=true: no operation may remove a row
     batch_id: int = -1  # the batch writing it, for the errors' messages
     changes: dict[str, ChangeFileRecord] = field(default_factory=dict)  # by relative path
     implied: list[DataFrame] = field(default_factory=list)  # changes no change file holds yet
@@ -214,6 +216,7 @@ class RowLevelTable:
                    max_column_id=mapping_max_column_id(configuration, files.schema_json),
                    change_data=change_data,
                    constraints=table_constraints(configuration), batch_id=batch_id,
+                   append_only=str(configuration.get(APPEND_ONLY, "")).lower() == "true",
                    isolation_level=table_isolation_level(configuration),
                    type_widening=type_widening_enabled(configuration)
                    and "typeWidening" in writers)
@@ -427,6 +430,20 @@ class RowLevelTable:
         self.operation_reads.append(
             read_predicate(frame, self.table, self.read_version, self.partition_by))
 
+    def refuse_removal(self) -> None:
+        """delta-spark's refusal of an operation that would remove rows from a
+        ``delta.appendOnly`` table: an UPDATE or a DELETE at once, a MERGE once it has found
+        target rows to change (one that only inserts is an append there).
+
+        Raises:
+            RowLevelWriteRefused: the table only takes appends.
+        """
+        if self.append_only:
+            raise RowLevelWriteRefused(
+                "[DELTA_CANNOT_MODIFY_APPEND_ONLY] This table is configured to only allow "
+                "appends. If you would like to permit updates or deletes, use 'ALTER TABLE "
+                f"delta.`{self.table}` SET TBLPROPERTIES ({APPEND_ONLY}=false)'.")
+
     def read_whole_table(self) -> None:
         """The batch read the table's rows outside an operation (``toDF()``): every file."""
         self.reads.append(WHOLE_TABLE)
@@ -451,6 +468,8 @@ class RowLevelTable:
         rows (``output`` then holds only the new rows and the rows of touched files this batch
         wrote); a file whose every row is deleted is removed.
         """
+        if touched:
+            self.refuse_removal()
         scanned = time.monotonic()
         folder = f"{self.location}/op{len(self.operations)}"
         if self.change_data and changes is None and touched:  # read before they leave

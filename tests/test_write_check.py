@@ -6,6 +6,7 @@ Real Delta tables (``write_deltalake``) and real Parquet files in tmp_path, no m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from percolake.lake import write_check
 from percolake.lake.arrow_read import read_delta_table
 from percolake.lake.delta_commit import apply_table_write
 from percolake.lake.write_check import WriteChecker
-from percolake.records import AddFileRecord, TableWriteRecord, WriteMode
+from percolake.records import AddFileRecord, RemoveFileRecord, TableWriteRecord, WriteMode
 
 X_LONG = pa.schema([("x", pa.int64())])
 X_P = pa.schema([("x", pa.int64()), ("p", pa.string())])
@@ -297,6 +298,21 @@ def test_an_append_only_table_refuses_overwrites(root):
     checker.check(intent(root, [data_file(root, "t1", longs(2))]))
     with pytest.raises(FailedPrecondition, match="delta.appendOnly"):
         checker.check(intent(root, [data_file(root, "t2", longs(2))], mode=WriteMode.OVERWRITE))
+
+
+def test_an_append_only_table_takes_a_row_level_write_that_only_adds_files(root):
+    """delta-spark's MERGE that only inserts is an append on a delta.appendOnly table; a
+    row-level write removing a file is refused there, as its UPDATE, DELETE or MERGE would be."""
+    make_table(root, configuration={"delta.appendOnly": "true"})
+    checker = WriteChecker()
+    inserts = dataclasses.replace(intent(root, [data_file(root, "t1", longs(2))],
+                                         mode=WriteMode.ROW_LEVEL), read_version=0)
+    checker.check(inserts)
+    (existing,) = DeltaTable(str(root)).file_uris()
+    removing = dataclasses.replace(inserts, remove_files=(
+        RemoveFileRecord(Path(existing).name, Path(existing).stat().st_size, {}),))
+    with pytest.raises(FailedPrecondition, match="delta.appendOnly"):
+        checker.check(removing)
 
 
 @pytest.mark.parametrize(("mode", "partition_by", "replace"), [

@@ -16,7 +16,9 @@ what ``apply_table_write`` (delta-rs 1.6) really does, measured:
 - delta-kernel parses every partition value with its column's type at commit; one that does not
   parse fails the apply for ever. The kernel itself decides: unseen values are committed once
   to a throwaway in-memory table, and the verdict is remembered.
-- Removes (overwrites) on a ``delta.appendOnly`` table fail.
+- Removes (overwrites, row-level writes that remove or give a file a deletion vector) on a
+  ``delta.appendOnly`` table fail; a row-level write that only adds files (a MERGE that only
+  inserts) is an append there, as delta-spark takes it.
 - delta-rs refuses to commit to a table whose protocol requires a feature it does not
   implement, and some features it accepts need what percolake does not write
   (``table_features``): the table's protocol, re-read with its layout, is checked each time.
@@ -297,7 +299,7 @@ class WriteChecker:
             if write.mode == WriteMode.ROW_LEVEL and write.read_version > layout.version:
                 raise FailedPrecondition(f"table {table}: read at version {write.read_version}"
                                          f", but its latest version is {layout.version}")
-            if layout.append_only and write.mode != WriteMode.APPEND:
+            if layout.append_only and not _adds_only(write):
                 raise FailedPrecondition(f"table {table} has delta.appendOnly=true: a "
                                          f"{write.mode.value} write cannot remove its files")
         elif write.mode == WriteMode.ROW_LEVEL:
@@ -516,3 +518,12 @@ def _refuse_files(write: TableWriteRecord, missing: list[str], wrong: list[str])
         problems.append(f"{len(wrong)} files of another size: {'; '.join(wrong[:MAX_NAMED])}")
     if problems:
         raise FailedPrecondition(f"table {write.table}: {'; '.join(problems)}")
+
+
+def _adds_only(write: TableWriteRecord) -> bool:
+    """Whether a write only adds files: an append, or a row-level write that removes no file
+    and gives none a deletion vector (delta-spark's MERGE that only inserts, which a
+    ``delta.appendOnly`` table takes)."""
+    return write.mode == WriteMode.APPEND or (
+        write.mode == WriteMode.ROW_LEVEL and not write.remove_files
+        and not write.deletion_vectors)

@@ -23,7 +23,13 @@ from coordinator.views import txn_json
 from percolake.lake.warehouse import canonical_table_uri
 from percolake.v1 import coordinator_pb2 as pb
 from sparkside import ConsistentReader, Participant, register
-from sparkside.errors import ConstraintViolation, SchemaMismatch, TableNotWritten, UnknownTable
+from sparkside.errors import (
+    ConstraintViolation,
+    RowLevelWriteRefused,
+    SchemaMismatch,
+    TableNotWritten,
+    UnknownTable,
+)
 from tests.spark.helpers import transactions
 
 pytestmark = pytest.mark.spark
@@ -280,6 +286,54 @@ def test_assigned_values_are_cast_by_the_store_assignment_policy_as_delta_spark_
     assert read(ours) == read(theirs) == [(1, -1294967296, "abc"), (2, 7, "7")]
     states = [t.state for t in transactions(lake_daemon.stub, participant.pipeline_id)]
     assert states.count(pb.ABORTED) == len(refused)
+    participant.close()
+
+
+def test_an_append_only_table_takes_a_merge_that_only_inserts_and_refuses_removals_as_delta_spark(
+        spark, lake_daemon, lake):
+    """On a delta-spark-made table with ``delta.appendOnly=true``: a MERGE that only inserts
+    (by its clauses, or because no target row matched) commits as delta-spark's does; an UPDATE
+    or a DELETE (even matching nothing) and a MERGE changing a row fail with delta-spark's
+    refusal, nothing committed."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    from tests.spark.helpers import run_on_both
+
+    ours, theirs = lake / "append-only", lake / "append-only-reference"
+    for table in (ours, theirs):
+        spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, v INT) USING DELTA "
+                  "TBLPROPERTIES ('delta.appendOnly' = 'true')")
+        spark.sql(f"INSERT INTO delta.`{table}` VALUES (1, 1)")
+    participant = Participant(lake_daemon.target, pipeline_id=f"ao-{uuid.uuid4().hex[:6]}")
+    source = spark.createDataFrame([(1, 5), (2, 6)], "id BIGINT, v INT")
+
+    def read(table: Path) -> list:
+        return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
+
+    taken = [
+        lambda dt, s: (dt.alias("t").merge(s.alias("s"), "t.id = s.id")
+                       .whenNotMatchedInsertAll().execute()),
+        lambda dt, s: (dt.alias("t").merge(s.alias("s"), "t.id = s.id + 100")
+                       .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()),
+    ]
+    for batch_id, operation in enumerate(taken):
+        run_on_both(spark, participant, batch_id, [operation], source, ours, theirs)
+        assert read(ours) == read(theirs), batch_id
+    refused = [
+        lambda dt: dt.update("id = 999", {"v": "0"}),
+        lambda dt: dt.delete("id = 999"),
+        lambda dt: (dt.alias("t").merge(source.alias("s"), "t.id = s.id")
+                    .whenMatchedUpdateAll().execute()),
+    ]
+    for n, operation in enumerate(refused, start=len(taken)):
+        with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's class
+            operation(SparkDeltaTable.forPath(spark, str(theirs)))
+        with pytest.raises(RowLevelWriteRefused) as ours_refused:
+            participant.run_batch(spark.range(1), n,
+                                  lambda df, b, txn, op=operation: op(txn.delta_table(str(ours))))
+        expected = refusal_text(theirs_refused.value).split(" use 'ALTER TABLE")[0]
+        assert expected in str(ours_refused.value), n
+    assert read(ours) == read(theirs) and versions(ours) == [1 + len(taken)]
     participant.close()
 
 
