@@ -177,6 +177,10 @@ def test_a_revision_of_a_deletion_vector_table_is_refused(table):
     with pytest.raises(FailedPrecondition, match="deletion vectors.*RESTORE TABLE"):
         delta_commit.files_of_version(f"file://{table}", 1, restore=True)
     assert delta_commit.files_of_version(f"file://{table}", 1).files  # other readers are served
+    # a version from before the table took deletion vectors: a file it still holds may carry
+    # one it gained since, which a revision would keep (its rows deleted after the barrier)
+    with pytest.raises(FailedPrecondition, match="deletion vectors.*RESTORE TABLE"):
+        delta_commit.files_of_version(f"file://{table}", 0, restore=True)
 
 
 def test_physical_schema_renames_every_struct_field_and_numbers_it():

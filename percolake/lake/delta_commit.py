@@ -153,7 +153,8 @@ def files_of_version(table_uri: str, version: int, *, restore: bool = False) -> 
     Raises:
         FailedPrecondition: the table or that version cannot be read (no table, version
             removed by log cleanup), or, with ``restore`` (the files are to be added again),
-            it has deletion vectors (not restorable this way).
+            the table has deletion vectors at that version or now (not restorable this way:
+            a file it holds again may carry a vector it gained after the version).
     """
     try:
         table = open_table(table_uri, version)
@@ -162,7 +163,7 @@ def files_of_version(table_uri: str, version: int, *, restore: bool = False) -> 
                                  f"({exc})") from None
     if table is None:
         raise FailedPrecondition(f"table {table_uri} has no Delta log")
-    if restore and _layout_of(table).protocol.has("deletionVectors"):
+    if restore and _has_deletion_vectors(table_uri, table):
         raise FailedPrecondition(
             f"table {table_uri} has deletion vectors: a revision re-adds a version's files "
             "without them (delta-rs cannot write an add's deletion vector), so deleted rows "
@@ -174,6 +175,15 @@ def files_of_version(table_uri: str, version: int, *, restore: bool = False) -> 
         for add in pyarrow.table(table.get_add_actions(flatten=False)).to_pylist())
     return VersionFiles(table.schema().to_json(),
                         tuple(table.metadata().partition_columns), files)
+
+
+def _has_deletion_vectors(table_uri: str, at_version: DeltaTable) -> bool:
+    """Whether the table's protocol has deletion vectors at the version loaded or at its
+    latest version (a restore keeps a file the table still holds as it is now)."""
+    if _layout_of(at_version).protocol.has("deletionVectors"):
+        return True
+    latest = table_layout(table_uri)
+    return latest is not None and latest.protocol.has("deletionVectors")
 
 
 def _stats_json(add: Mapping[str, object]) -> str:
