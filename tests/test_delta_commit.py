@@ -221,3 +221,47 @@ def test_apply_with_roots_refuses_a_table_outside_every_root(tmp_path):
         apply_table_write(record, app_id=APP, app_version=0, txn_id="a", commit_ts=10,
                           roots=[str(tmp_path / "wh")])
     assert not (tmp_path / "t" / "_delta_log").exists()
+
+
+@pytest.mark.parametrize("mode", [WriteMode.OVERWRITE, WriteMode.OVERWRITE_PARTITIONS])
+def test_an_overwrite_removes_files_whose_paths_delta_spark_left_unescaped(tmp_path, mode):
+    """delta-spark's adds keep non-ASCII partition values unescaped in their paths (``p=é``);
+    the removes of an overwrite must spell them so, or Delta keeps the files (a remove matches
+    its add by the spelling) and the replaced rows stay beside the new ones."""
+    root = tmp_path / "t"
+    (root / "_delta_log").mkdir(parents=True)
+    schema = {"type": "struct", "fields": [
+        {"name": "x", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "p", "type": "string", "nullable": True, "metadata": {}}]}
+    entry = [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+             {"metaData": {"id": "t", "format": {"provider": "parquet", "options": {}},
+                           "schemaString": json.dumps(schema), "partitionColumns": ["p"],
+                           "configuration": {}, "createdTime": 1}}]
+    for n, value in enumerate(["é", "日本", "a b"]):
+        (root / f"p={value}").mkdir()
+        pq.write_table(pa.table({"x": [n]}), root / f"p={value}" / f"f{n}.parquet")
+        entry.append({"add": {"path": f"p={value}/f{n}.parquet", "partitionValues": {"p": value},
+                              "size": (root / f"p={value}" / f"f{n}.parquet").stat().st_size,
+                              "modificationTime": 1, "dataChange": True,
+                              "stats": '{"numRecords":1}'}})
+    (root / "_delta_log" / f"{0:020d}.json").write_text(
+        "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in entry), encoding="utf-8")
+    values = ["é", "日本", "a b"] if mode == WriteMode.OVERWRITE_PARTITIONS else ["z"]
+    adds = []
+    for n, value in enumerate(values):
+        folder = root / "_percolake" / "t1" / f"p={value}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"x": [10 + n]}), folder / "n.parquet")
+        adds.append(AddFileRecord(f"_percolake/t1/p={value}/n.parquet",
+                                  (folder / "n.parquet").stat().st_size, {"p": value}, 1,
+                                  '{"numRecords":1}'))
+    replace = tuple({"p": v} for v in values) if mode == WriteMode.OVERWRITE_PARTITIONS else ()
+    apply_table_write(TableWriteRecord(f"file://{root}", mode, tuple(adds), json.dumps(schema),
+                                       ("p",), replace),
+                      app_id="app", app_version=1, txn_id="t1", commit_ts=5)
+    removed = [json.loads(line)["remove"]["path"] for line in
+               (root / "_delta_log" / f"{1:020d}.json").read_text(encoding="utf-8").splitlines()
+               if '"remove"' in line]
+    assert sorted(removed) == sorted(a["add"]["path"] for a in entry if "add" in a)
+    assert sorted(r["x"] for r in read_delta_table(str(root)).to_pylist()) \
+        == [10 + n for n in range(len(values))]

@@ -286,7 +286,8 @@ def apply_table_write(write: TableWriteRecord, *, app_id: str, app_version: int,
                 _lost_race_pause(write.table, txn_id, attempt)
                 continue
             # an append is ours on every table: delta-rs's commit rebuilds every file's state
-            own_entry = needs_own_entry(layout.protocol) or write.mode == WriteMode.APPEND
+            own_entry = (needs_own_entry(layout.protocol) or write.mode == WriteMode.APPEND
+                         or _removes_escaped_paths(table, write, layout))
             mode, actions, filters = _write_actions(table, write, layout, explicit=own_entry)
             evolved = evolved_schema(table, write)
             if evolved is not None or own_entry:  # a commit delta-rs cannot make: ours
@@ -557,6 +558,22 @@ def _write_actions(table: DeltaTable, write: TableWriteRecord, layout: TableLayo
         return "overwrite", adds, filters
     kept = [a for a, f in zip(adds, write.add_files, strict=True) if f.path not in held]
     return "append", kept + removes, None
+
+
+def _removes_escaped_paths(table: DeltaTable, write: TableWriteRecord,
+                           layout: TableLayout) -> bool:
+    """Whether an overwrite removes a file whose path a log may spell in more than one way
+    (non-ASCII or other characters escaped in a URI): delta-rs spells the removes it writes
+    its own way (``%C3%A9``), where delta-spark's adds may keep the character (``é``); Delta
+    matches a remove to its add by the spelling, so such an overwrite is a log entry of ours,
+    each remove spelled as the log spells its add (``_entry_actions``)."""
+    if write.mode not in (WriteMode.OVERWRITE, WriteMode.OVERWRITE_PARTITIONS):
+        return False
+    physical = physical_names(layout.schema_json) \
+        if layout.protocol.column_mapping != "none" else {}
+    removes, _ = _removes(table, write, keep={f.path for f in write.add_files},
+                          physical=physical)
+    return any(log_path(r.path) != r.path for r in removes)
 
 
 def _removes(table: DeltaTable, write: TableWriteRecord, keep: set[str],
