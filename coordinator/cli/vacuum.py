@@ -27,9 +27,10 @@ def add_command(commands: Any, default_target: str) -> None:
         "nothing is removed and the refusal names what blocks (docs/topology.md). Needs ADMIN "
         "on every pipeline and WRITE on the table when the coordinator authenticates callers.")
     vacuum.add_argument("--table", required=True, help="the table's URI or path")
-    vacuum.add_argument("--retention-hours", type=_hours, default=DEFAULT_RETENTION_HOURS,
+    vacuum.add_argument("--retention-hours", type=_hours,
                         help="remove only files unreferenced for longer than this many hours "
-                        f"(default {DEFAULT_RETENTION_HOURS})")
+                        "(default: the table's delta.deletedFileRetentionDuration, "
+                        f"{DEFAULT_RETENTION_HOURS} when it sets none, as delta-spark's VACUUM)")
     vacuum.add_argument("--dry-run", action="store_true",
                         help="only list what would be removed (and check what blocks)")
     add_common_arguments(vacuum, default_target)
@@ -47,8 +48,10 @@ def _hours(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     def work(call: Call) -> str:
-        reply = call("Vacuum", pb.VacuumRequest(table=args.table, dry_run=args.dry_run,
-                                                retention_hours=args.retention_hours))
+        request = pb.VacuumRequest(table=args.table, dry_run=args.dry_run)
+        if args.retention_hours is not None:
+            request.retention_hours = args.retention_hours
+        reply = call("Vacuum", request)
         result = vacuum_json(reply, args.dry_run)
         return json.dumps(result) if args.json else render(result)
 

@@ -31,7 +31,6 @@ from coordinator.core.state import CoreState
 from coordinator.oracle import wall_ms_of
 from coordinator.store.base import TableCommit
 from percolake.errors import FailedPrecondition
-from percolake.lake.defaults import DEFAULT_RETENTION_HOURS
 
 if TYPE_CHECKING:
     from percolake.lake.vacuum import TableVacuum
@@ -71,8 +70,10 @@ class Vacuuming(CoreState):
     def vacuum(self, table: str, retention_hours: int | None = None,
                dry_run: bool = False) -> VacuumResult:
         """Removes the table's files delta-rs' vacuum finds (removed from the table longer
-        than ``retention_hours`` ago), percolake's own files the log removed that long ago and
-        the change data files of commits that old, if nothing protected reads any of them.
+        than ``retention_hours`` ago; None: the table's ``delta.deletedFileRetentionDuration``,
+        a week by default, as delta-spark's VACUUM), percolake's own files the log removed that
+        long ago and the change data files of commits that old, if nothing protected reads any
+        of them.
 
         Raises:
             FailedPrecondition: a protected version still reads a file vacuum would remove;
@@ -82,11 +83,13 @@ class Vacuuming(CoreState):
         from percolake.lake.vacuum import TableVacuum
 
         canonical = self._canonical(table)
-        hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
-        validation.check_range("retention_hours", hours, MAX_RETENTION_HOURS)
+        if retention_hours is not None:
+            validation.check_range("retention_hours", retention_hours, MAX_RETENTION_HOURS)
         with VACUUM_OR_REVISION:
             protections = self._protections(canonical)
             lake = TableVacuum(canonical, self.warehouse.roots)
+            # as delta-spark's VACUUM without RETAIN: the table's deletedFileRetentionDuration
+            hours = lake.retention_hours() if retention_hours is None else retention_hours
             refused = lake.protocol_refusal()
             if refused:
                 raise FailedPrecondition(

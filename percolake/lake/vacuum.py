@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import stat
 import time
 from collections.abc import Iterable
@@ -37,6 +39,7 @@ from deltalake import DeltaTable
 
 from percolake.lake import storage
 from percolake.lake.cleanup import walk_folders
+from percolake.lake.defaults import DEFAULT_RETENTION_HOURS
 from percolake.lake.delta_commit import commit_file, commit_uri, open_table
 from percolake.lake.log_cleanup import log_listing
 from percolake.lake.table_features import refusal, table_protocol
@@ -55,6 +58,24 @@ _NEVER = 2**62  # a commit time later than any cutoff: its change files are neve
 class Removal:
     version: int  # the version whose commit removed the file (a change file: wrote it)
     deletion_ms: int  # its deletionTimestamp (a change file: its commit's time)
+
+
+RETENTION_KEY = "delta.deletedFileRetentionDuration"
+_UNIT_SECONDS = {"week": 604800, "day": 86400, "hour": 3600, "minute": 60, "second": 1,
+                 "millisecond": 0.001, "microsecond": 0.000001}
+_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+
+
+def interval_hours(text: str) -> int | None:
+    """A Delta table property's interval (``interval 30 days``, ``interval 1 week 12
+    hours``) in whole hours, rounded up; None if it is not one."""
+    body = text.strip().lower().removeprefix("interval").strip()
+    parts = _INTERVAL_PART.findall(body)
+    if not parts or _INTERVAL_PART.sub("", body).strip() \
+            or any(unit not in _UNIT_SECONDS for _, unit in parts):
+        return None
+    seconds = sum(float(amount) * _UNIT_SECONDS[unit] for amount, unit in parts)
+    return math.ceil(seconds / 3600)
 
 
 class TableVacuum:
@@ -84,6 +105,16 @@ class TableVacuum:
                                   self.table.metadata().configuration)
         return refusal(self.table_uri, protocol)
 
+    def retention_hours(self) -> int:
+        """The table's ``delta.deletedFileRetentionDuration`` in whole hours (rounded up), what
+        delta-spark's VACUUM keeps without RETAIN; a week when the table sets none (or a value
+        this cannot read)."""
+        if self.table is None:
+            return DEFAULT_RETENTION_HOURS
+        text = self.table.metadata().configuration.get(RETENTION_KEY)
+        hours = interval_hours(text) if text else None
+        return DEFAULT_RETENTION_HOURS if hours is None else hours
+
     @property
     def newest_version(self) -> int | None:
         return None if self.table is None else self.table.version()
@@ -100,7 +131,7 @@ class TableVacuum:
         live = self.files_of_version(self.table.version())
         ours = [path for path, removal in self.removals().items()
                 if removal.deletion_ms <= cutoff_ms and path not in live]
-        return sorted(set(theirs) | self._present(ours))
+        return sorted(self._present(sorted(set(theirs) | set(ours))))
 
     def files_of_version(self, version: int) -> frozenset[str]:
         """The data files version ``version`` reads."""
