@@ -159,10 +159,24 @@ def test_merge_schema_adds_columns_in_the_batch_commit_as_delta_spark_merges(
 ROW_LEVEL_COLUMNS = "id BIGINT NOT NULL, v INT, g INT GENERATED ALWAYS AS (v * 2)"
 
 
-def refusal_text(error: BaseException) -> str:
+def refusal_text(text: str, error_class: str = "[DELTA_") -> str:
     """A refusal's message from its error class on, as far as the rule's values go."""
-    text = str(error)
-    return text[text.index("[DELTA_"):].split("\n\tat ")[0].split(" SQLSTATE")[0].strip()
+    return text[text.index(error_class):].split("\n\tat ")[0].split(" SQLSTATE")[0].strip()
+
+
+def refused_alike(spark: SparkSession, participant: Participant, batch_id: int,
+                  operation: object, ours: Path, theirs: Path,
+                  ours_error: type[BaseException] = Exception) -> tuple[str, str]:
+    """Runs ``operation`` (``op(delta_table)``) with delta-spark on ``theirs``, then in batch
+    ``batch_id`` through percolake on ``ours``: both must fail; delta-spark's message and ours."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's class
+        operation(SparkDeltaTable.forPath(spark, str(theirs)))
+    with pytest.raises(ours_error) as ours_refused:
+        participant.run_batch(spark.range(1), batch_id,
+                              lambda df, b, txn: operation(txn.delta_table(str(ours))))
+    return str(theirs_refused.value), str(ours_refused.value)
 
 
 def test_update_and_merge_keep_the_tables_rules_and_compute_its_generated_columns_as_delta_spark(
@@ -173,7 +187,6 @@ def test_update_and_merge_keep_the_tables_rules_and_compute_its_generated_column
     delta-spark's own operations compute it on a copy; a row breaking a rule (CHECK, NOT NULL, a
     generated column given a wrong value) fails the batch with delta-spark's refusal, and
     nothing is committed."""
-    from delta.tables import DeltaTable as SparkDeltaTable
 
     from tests.spark.helpers import run_on_both
 
@@ -216,13 +229,10 @@ def test_update_and_merge_keep_the_tables_rules_and_compute_its_generated_column
         lambda dt: dt.update("id = 2", {"v": "10", "g": "0"}),
     ]
     for n, operation in enumerate(refused, start=len(operations)):
-        with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's class
-            operation(SparkDeltaTable.forPath(spark, str(theirs)))
-        with pytest.raises(ConstraintViolation) as ours_refused:
-            participant.run_batch(spark.range(1), n,
-                                  lambda df, b, txn, op=operation: op(txn.delta_table(str(ours))))
-        assert refusal_text(theirs_refused.value) in str(ours_refused.value), n
-        assert "Nothing was committed" in str(ours_refused.value)
+        theirs_text, ours_text = refused_alike(spark, participant, n, operation, ours, theirs,
+                                               ConstraintViolation)
+        assert refusal_text(theirs_text) in ours_text, n
+        assert "Nothing was committed" in ours_text
     assert read(ours) == read(theirs) and versions(ours) == [4]
     states = [t.state for t in transactions(lake_daemon.stub, participant.pipeline_id)]
     assert states.count(pb.ABORTED) == len(refused)
@@ -236,7 +246,6 @@ def test_assigned_values_are_cast_by_the_store_assignment_policy_as_delta_spark_
     policy, ANSI by default: an overflow, a malformed string), nothing committed, where a plain
     cast would have written a wrapped number or null; one that fits is written alike; under
     the LEGACY policy both wrap it alike."""
-    from delta.tables import DeltaTable as SparkDeltaTable
 
     from tests.spark.helpers import run_on_both
 
@@ -250,10 +259,6 @@ def test_assigned_values_are_cast_by_the_store_assignment_policy_as_delta_spark_
     def read(table: Path) -> list:
         return sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).collect())
 
-    def from_class(error: BaseException, error_class: str) -> str:
-        text = str(error)
-        return text[text.index(error_class):].split(" SQLSTATE")[0].split("\n\tat ")[0]
-
     refused = [  # (what delta-spark raises, the operation)
         ("[DELTA_CAST_OVERFLOW_IN_TABLE_WRITE]",
          lambda dt: dt.update("id = 1", {"v": "3000000000L"})),
@@ -266,14 +271,9 @@ def test_assigned_values_are_cast_by_the_store_assignment_policy_as_delta_spark_
     spark.conf.set("spark.sql.ansi.enabled", "false")
     try:
         for n, (error_class, operation) in enumerate(refused):
-            with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's
-                operation(SparkDeltaTable.forPath(spark, str(theirs)))
-            with pytest.raises(Exception) as ours_refused:  # noqa: PT011 - the write job's
-                participant.run_batch(spark.range(1), n,
-                                      lambda df, b, txn, op=operation: op(
-                                          txn.delta_table(str(ours))))
-            assert from_class(theirs_refused.value, error_class) \
-                in str(ours_refused.value), n
+            theirs_text, ours_text = refused_alike(spark, participant, n, operation, ours,
+                                                   theirs)  # the write job's error
+            assert refusal_text(theirs_text, error_class) in ours_text, n
         assert read(ours) == read(theirs) == [(1, 1, "abc"), (2, 2, "7")]
         fits = [lambda dt, s: dt.update("id = 2", {"v": "s"})]  # '7' and 7L fit an int
         run_on_both(spark, participant, len(refused), fits, source, ours, theirs)
@@ -295,7 +295,6 @@ def test_an_append_only_table_takes_a_merge_that_only_inserts_and_refuses_remova
     (by its clauses, or because no target row matched) commits as delta-spark's does; an UPDATE
     or a DELETE (even matching nothing) and a MERGE changing a row fail with delta-spark's
     refusal, nothing committed."""
-    from delta.tables import DeltaTable as SparkDeltaTable
 
     from tests.spark.helpers import run_on_both
 
@@ -326,13 +325,9 @@ def test_an_append_only_table_takes_a_merge_that_only_inserts_and_refuses_remova
                     .whenMatchedUpdateAll().execute()),
     ]
     for n, operation in enumerate(refused, start=len(taken)):
-        with pytest.raises(Exception) as theirs_refused:  # noqa: PT011 - delta-spark's class
-            operation(SparkDeltaTable.forPath(spark, str(theirs)))
-        with pytest.raises(RowLevelWriteRefused) as ours_refused:
-            participant.run_batch(spark.range(1), n,
-                                  lambda df, b, txn, op=operation: op(txn.delta_table(str(ours))))
-        expected = refusal_text(theirs_refused.value).split(" use 'ALTER TABLE")[0]
-        assert expected in str(ours_refused.value), n
+        theirs_text, ours_text = refused_alike(spark, participant, n, operation, ours, theirs,
+                                               RowLevelWriteRefused)
+        assert refusal_text(theirs_text).split(" use 'ALTER TABLE")[0] in ours_text, n
     assert read(ours) == read(theirs) and versions(ours) == [1 + len(taken)]
     participant.close()
 
