@@ -49,7 +49,8 @@ def _refused(name: str, reader: bool, why: str, todo: str) -> Feature:
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("appendOnly", False, True,
             "appends only while delta.appendOnly=true: an overwrite is refused before the "
-            "commit point (write_check)"),
+            "commit point (write_check); a MERGE that only inserts is taken, an UPDATE, a "
+            "DELETE or a MERGE changing rows refused at once, as delta-spark does"),
     # invariants, checkConstraints, generatedColumns: the participant evaluates the table's
     # NOT NULL / CHECK / generation expressions on the batch before writing any file.
     Feature("invariants", False, True, "enforced by the participant before any file is written"),
