@@ -36,7 +36,10 @@ from pyspark.sql import DataFrame
 from percolake.errors import ProtocolError
 from percolake.lake import storage
 from percolake.lake.parquet_stats import delta_stats
-from percolake.lake.partition_values import timestamp_partition_value
+from percolake.lake.partition_values import (
+    floating_partition_value,
+    timestamp_partition_value,
+)
 from percolake.lake.warehouse import split_object_uri
 from percolake.records import AddFileRecord
 
@@ -175,19 +178,23 @@ def _split(table: pa.Table, partition_by: tuple[str, ...]
     groups = numbered.group_by(list(partition_by), use_threads=False) \
         .aggregate([("__percolake_row", "list")])
     for group in groups.to_pylist():
-        values = {c: _partition_value(group[c]) for c in partition_by}
+        values = {c: _partition_value(group[c], table.schema.field(c).type)
+                  for c in partition_by}
         rows = table.take(pa.array(group["__percolake_row_list"], pa.int64()))
         yield values, rows.select(data_columns).cast(schema)
 
 
-def _partition_value(value: object) -> str | None:
-    """A partition value as Delta's log stores it (what Spark's writer would give)."""
+def _partition_value(value: object, arrow_type: pa.DataType) -> str | None:
+    """A partition value (of the column's ``arrow_type``) as Delta's log stores it (what
+    Spark's writer would give)."""
     if value is None or value == "":
         return None  # Spark writes an empty string partition value as null
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime.datetime):
         return timestamp_partition_value(value)
+    if isinstance(value, float):
+        return floating_partition_value(value, pa.types.is_float32(arrow_type))
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 
 
 def typed_partition_value(value: object, delta_type: str) -> object:
@@ -43,3 +44,22 @@ def timestamp_partition_value(moment: datetime.datetime) -> str:
     if moment.tzinfo is None:
         return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
     return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def floating_partition_value(value: float, single: bool) -> str:
+    """A float (``single``) or double partition value as delta-spark writes it: Java's
+    ``Float.toString`` / ``Double.toString``, the shortest digits that read back as the value,
+    ``0.1`` and ``100.0`` between 10^-3 and 10^7, ``1.0E20`` and ``1.0E-5`` outside."""
+    import numpy  # the executors' writer and the daemon have it; the operator's commands do not
+
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    number = numpy.float32(value) if single else numpy.float64(value)
+    if number == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    if 1e-3 <= abs(number) < 1e7:
+        return numpy.format_float_positional(number, unique=True, trim="0")
+    mantissa, exponent = numpy.format_float_scientific(number, unique=True, trim="0").split("e")
+    return f"{mantissa}E{int(exponent)}"
