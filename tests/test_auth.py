@@ -263,6 +263,36 @@ def test_only_the_bootstrap_token_has_the_bootstrap_admins_rights(tmp_path):
         authenticate(credentials, [f"Bearer {stored.bearer}"], None)
 
 
+def test_a_reload_that_read_the_store_before_a_revocation_never_brings_the_token_back():
+    """The background reload reads the store, the token is revoked and the revoking call
+    reloads, then the background reload finishes: the revoked token stays refused."""
+    alice = tokens.new_token()
+    live = [TokenRecord(alice.token_id, alice.secret_hash, "alice", 1)]
+    read_before, release = threading.Event(), threading.Event()
+    calls = []
+
+    def load() -> tuple[list[TokenRecord], list]:
+        calls.append(len(calls))
+        if len(calls) == 2:  # the background reload: it read the store, then stalls
+            snapshot = list(live)
+            read_before.set()
+            release.wait(10)
+            return snapshot, []
+        return list(live), []
+
+    credentials = Credentials(load)
+    credentials.refresh()
+    background = threading.Thread(target=credentials.refresh)
+    background.start()
+    assert read_before.wait(10)
+    live.clear()  # the revocation, durable
+    credentials.refresh()  # the revoking call's reload
+    release.set()
+    background.join(10)
+    with pytest.raises(Unauthenticated):
+        authenticate(credentials, [f"Bearer {alice.bearer}"], None)
+
+
 def test_no_token_can_be_created_for_the_bootstrap_principal(secured):
     expect_status(secured.as_("admin").CreateToken, pb.CreateTokenRequest(principal="admin"),
                   grpc.StatusCode.INVALID_ARGUMENT, "'admin' is reserved", "--admin-token-file")

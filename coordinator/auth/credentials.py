@@ -89,6 +89,8 @@ class Credentials:
         self._bootstrap_hash = bootstrap_hash
         self.refresh_s = refresh_s
         self._lock = threading.Lock()
+        self._loads_started = 0  # each refresh's ticket, taken before it reads the store
+        self._installed = 0  # the ticket of the view in memory
         self._tokens: dict[str, TokenRecord] = {}
         self._policy = self._with_bootstrap([])
         self.loaded = False
@@ -121,9 +123,19 @@ class Credentials:
         return self._policy
 
     def refresh(self) -> None:
-        """Reloads from the store now; raises what the store raises (the old view stays)."""
+        """Reloads from the store now; raises what the store raises (the old view stays).
+
+        A load that started before another one's never replaces that one's view: the loop's
+        read from before a revocation, slow to finish, would bring the revoked token back
+        after the revoking call's own reload (until the next loop)."""
+        with self._lock:
+            self._loads_started += 1
+            ticket = self._loads_started
         token_records, entries = self._load()
         with self._lock:
+            if ticket < self._installed:
+                return
+            self._installed = ticket
             self._tokens = {t.token_id: t for t in token_records if t.live}
             self._policy = self._with_bootstrap(entries)
             self.loaded = True
