@@ -12,6 +12,7 @@ decision (``coordinator.core.log_retention``); nothing here knows leases.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -25,9 +26,9 @@ DEFAULT_LOG_RETENTION = "interval 30 days"
 RETENTION_KEY = "delta.logRetentionDuration"
 CLEANUP_KEY = "delta.enableExpiredLogCleanup"
 _NEVER = 2**62  # a modification time later than any cutoff
-_UNIT_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000,
-            "day": 86_400_000, "week": 7 * 86_400_000}
-_DURATION = re.compile(r"^\s*(?:interval\s+)?(\d+)\s*([a-z]+?)s?\s*$", re.IGNORECASE)
+_UNIT_MS = {"microsecond": 0.001, "millisecond": 1, "second": 1000, "minute": 60_000,
+            "hour": 3_600_000, "day": 86_400_000, "week": 7 * 86_400_000}
+_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
 # <version>.json, .crc, .checkpoint.parquet, .checkpoint.<part>.<parts>.parquet
 _LOG_FILE = re.compile(
     r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.(\d+)\.(\d+)\.parquet)$")
@@ -40,12 +41,22 @@ def log_retention_ms(configuration: Mapping[str, str | None]) -> int:
         ValueError: a duration Delta would not accept either (named).
     """
     text = configuration.get(RETENTION_KEY) or DEFAULT_LOG_RETENTION
-    match = _DURATION.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNIT_MS:
+    retention = interval_ms(text)
+    if retention is None:
         raise ValueError(f"{RETENTION_KEY} {text!r} is not a duration such as "
                          f"{DEFAULT_LOG_RETENTION!r}")
-    return int(match.group(1)) * _UNIT_MS[unit]
+    return retention
+
+
+def interval_ms(text: str) -> int | None:
+    """A Delta table property's duration (``interval 30 days``, ``interval 1 week 12 hours``)
+    in ms, rounded up; None if it is not one."""
+    body = text.strip().lower().removeprefix("interval").strip()
+    parts = _INTERVAL_PART.findall(body)
+    if not parts or _INTERVAL_PART.sub("", body).strip() \
+            or any(unit not in _UNIT_MS for _, unit in parts):
+        return None
+    return math.ceil(sum(float(amount) * _UNIT_MS[unit] for amount, unit in parts))
 
 
 def cleanup_enabled(configuration: Mapping[str, str | None]) -> bool:

@@ -28,7 +28,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import stat
 import time
 from collections.abc import Iterable
@@ -41,7 +40,7 @@ from percolake.lake import storage
 from percolake.lake.cleanup import walk_folders
 from percolake.lake.defaults import DEFAULT_RETENTION_HOURS
 from percolake.lake.delta_commit import commit_file, commit_uri, open_table
-from percolake.lake.log_cleanup import log_listing
+from percolake.lake.log_cleanup import interval_ms, log_listing
 from percolake.lake.table_features import refusal, table_protocol
 from percolake.lake.warehouse import (
     UnsafeLocation,
@@ -61,21 +60,13 @@ class Removal:
 
 
 RETENTION_KEY = "delta.deletedFileRetentionDuration"
-_UNIT_SECONDS = {"week": 604800, "day": 86400, "hour": 3600, "minute": 60, "second": 1,
-                 "millisecond": 0.001, "microsecond": 0.000001}
-_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+HOUR_MS = 3_600_000
 
 
 def interval_hours(text: str) -> int | None:
-    """A Delta table property's interval (``interval 30 days``, ``interval 1 week 12
-    hours``) in whole hours, rounded up; None if it is not one."""
-    body = text.strip().lower().removeprefix("interval").strip()
-    parts = _INTERVAL_PART.findall(body)
-    if not parts or _INTERVAL_PART.sub("", body).strip() \
-            or any(unit not in _UNIT_SECONDS for _, unit in parts):
-        return None
-    seconds = sum(float(amount) * _UNIT_SECONDS[unit] for amount, unit in parts)
-    return math.ceil(seconds / 3600)
+    """A Delta table property's duration in whole hours, rounded up; None if it is not one."""
+    ms = interval_ms(text)
+    return None if ms is None else math.ceil(ms / HOUR_MS)
 
 
 class TableVacuum:
